@@ -1,0 +1,42 @@
+"""nbresponses: the OpenAI Responses API inside the Jupyter kernel.
+
+Names are imported lazily so that ``import nbresponses`` stays fast and a user who only wants
+the frames or the widget never pays for ONNX Runtime or transformers.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_LAZY: dict[str, str] = {
+    "Engine": "nbresponses.engine.engine",
+    "prepare_model": "nbresponses.models.prepare",
+    "list_models": "nbresponses.models.cache",
+    "PreparedModel": "nbresponses.models.prepared",
+    "show": "nbresponses.view",
+    "ResponseView": "nbresponses.view",
+    "logprobs_frame": "nbresponses.frames",
+    "top_logprobs_frame": "nbresponses.frames",
+    "usage_frame": "nbresponses.frames",
+    "events_frame": "nbresponses.frames",
+    "function_tool": "nbresponses.responses.tools",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'nbresponses' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

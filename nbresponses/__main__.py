@@ -1,0 +1,3 @@
+from nbresponses.cli import main
+
+raise SystemExit(main())
