@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it
 _LAZY: dict[str, str] = {
-    "Engine": "nbresponses.engine.engine",
+    "Engine": "nbresponses.session",
     "prepare_model": "nbresponses.models.prepare",
     "list_models": "nbresponses.models.cache",
     "PreparedModel": "nbresponses.models.prepared",

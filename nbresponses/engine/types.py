@@ -42,7 +42,8 @@ class Step:
 
     ``token_ids`` are the tokens generated in this step (usually one; none on a pure finish).
     ``logprobs`` has one entry per token when the request asked for logprobs, else None.
-    ``finish_reason`` is set on the last step only; ``error`` carries the message when it is "error".
+    ``finish_reason`` is set on the last step only; ``error`` carries the message when it is
+    "error".
     """
 
     token_ids: tuple[int, ...]

@@ -1,0 +1,130 @@
+"""The ``nbresponses`` command: prepare models, list them, stream a demo answer."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from nbresponses.models.errors import ModelError
+
+
+def _recipes_help() -> str:
+    from nbresponses.models.recipes import AUTO, FIDELITY_BAR, RECIPES
+
+    lines = [f"  {AUTO:14} fastest recipe with >= {FIDELITY_BAR:.0%} top-1 agreement (default)"]
+    lines += [f"  {r.name:14} {r.description}" for r in RECIPES.values()]
+    return "quantization recipes:\n" + "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nbresponses",
+        description="The OpenAI Responses API in the Jupyter kernel, on ONNX Runtime.",
+    )
+    parser.add_argument(
+        "--cache-dir", help="model cache (default: $NBRESPONSES_CACHE_DIR or the user cache dir)"
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    prepare = commands.add_parser(
+        "prepare",
+        help="export, quantize and evaluate a model (cached)",
+        description="Export MODEL to ONNX with Optimum, quantize it and measure its fidelity "
+        "against the fp32 export. MODEL is the bundled alias 'smollm2-135m-instruct' (default), "
+        "a .gguf file, a Hugging Face folder or a hub id.",
+        epilog=_recipes_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    prepare.add_argument("model", nargs="?", default=None, help="model source (default: bundled)")
+    prepare.add_argument(
+        "-q",
+        "--quantization",
+        default=None,
+        metavar="RECIPE",
+        help="recipe name, see below (default: auto)",
+    )
+    prepare.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    commands.add_parser("models", help="list prepared models with size and fidelity")
+
+    demo = commands.add_parser("demo", help="stream an answer from a model in the terminal")
+    demo.add_argument("prompt", nargs="?", default="What is the capital of France?")
+    demo.add_argument("--model", default=None, help="model source (default: bundled)")
+    demo.add_argument("-q", "--quantization", default=None, metavar="RECIPE")
+    demo.add_argument("--max-tokens", type=int, default=128)
+    return parser
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from nbresponses.models.prepare import prepare_model
+
+    model = prepare_model(
+        args.model, args.quantization, cache_dir=args.cache_dir, progress=not args.quiet
+    )
+    print(format_report(model))
+    return 0
+
+
+def format_report(model: object) -> str:
+    """The fidelity report a user reads after prepare."""
+    from nbresponses.models.prepared import PreparedModel
+
+    assert isinstance(model, PreparedModel)
+    manifest = model.manifest
+    fid = model.fidelity
+    timings = ", ".join(f"{k} {v:.1f}s" for k, v in manifest.get("timings", {}).items())
+    return "\n".join(
+        [
+            f"model     {model.name} ({manifest['source']['kind']}: {manifest['source']['path']})",
+            f"recipe    {model.recipe}: {manifest['recipe']['description']}",
+            f"size      {model.size_bytes / 1e6:.1f} MB   folder {model.path}",
+            f"cpu       {', '.join(manifest['cpu']['flags']) or 'no SIMD flags found'}",
+            "fidelity  teacher-forced vs fp32 over "
+            f"{fid['tokens']} tokens: top-1 agreement {fid['top1_agreement']:.1%}, "
+            f"mean KL {fid['mean_kl']:.4f} nats, |Δ logprob| mean {fid['mean_abs_dlogprob']:.4f} "
+            f"max {fid['max_abs_dlogprob']:.3f}",
+            f"timings   {timings}",
+        ]
+    )
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from nbresponses.models.cache import cache_root, list_models
+
+    models = list_models(args.cache_dir)
+    if not models:
+        print(f"No prepared models in {cache_root(args.cache_dir)}. Try: nbresponses prepare")
+        return 0
+    header = f"{'name':28} {'recipe':14} {'size MB':>8} {'top-1':>7} {'mean KL':>8}  path"
+    print(header)
+    for m in models:
+        agreement = m.fidelity.get("top1_agreement", float("nan"))
+        kl = m.fidelity.get("mean_kl", float("nan"))
+        print(f"{m.name:28} {m.recipe:14} {m.size_bytes / 1e6:8.1f} {agreement:7.1%} {kl:8.4f}  {m.path}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from nbresponses.engine.demo import run_demo
+
+    return run_demo(args)
+
+
+COMMANDS = {"prepare": cmd_prepare, "models": cmd_models, "demo": cmd_demo}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except ModelError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""One call from a model name to a fast, faithful, cached ONNX model with a fidelity report."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from nbresponses.models.cache import build_once, cache_root, folder_size, write_manifest
+from nbresponses.models.cpu import cpu_features
+from nbresponses.models.errors import RecipeError
+from nbresponses.models.export import (
+    export_onnx,
+    load_tokenizer,
+    materialize_hf_folder,
+    quiet_export,
+)
+from nbresponses.models.fidelity import measure_fidelity
+from nbresponses.models.prepared import PreparedModel
+from nbresponses.models.progress import Stages
+from nbresponses.models.recipes import AUTO, AUTO_ORDER, FIDELITY_BAR, MODEL_FILE, get_recipe
+from nbresponses.models.sources import ModelSource, resolve_source
+
+# Bump when the export or a recipe changes in a way that invalidates cached files.
+PREPARE_VERSION = 1
+_VERSIONED = (
+    "nbresponses",
+    "onnxruntime",
+    "optimum",
+    "optimum-onnx",
+    "transformers",
+    "torch",
+    "onnx",
+)
+
+
+def library_versions() -> dict[str, str]:
+    versions = {}
+    for name in _VERSIONED:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def _key(*parts: object) -> str:
+    return hashlib.sha256("\0".join(map(str, parts)).encode()).hexdigest()[:12]
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def prepare_model(
+    model: str | os.PathLike[str] | None = None,
+    quantization: str | None = None,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    progress: bool = True,
+    offline: bool | None = None,
+) -> PreparedModel:
+    """Resolve, export (Optimum), quantize and evaluate ``model``; cached after the first call.
+
+    ``quantization`` is a recipe name (see ``nbresponses.models.recipes.RECIPES``) or ``"auto"``
+    (default): the fastest recipe whose top-1 agreement with fp32 is at least 97%.
+    """
+    recipe_name = quantization or AUTO
+    if recipe_name != AUTO:
+        get_recipe(recipe_name)  # fail fast, before any expensive work
+    source = resolve_source(model, offline=offline)
+    if source.kind == "prepared":
+        prepared = PreparedModel.open(source.path)
+        if recipe_name not in (AUTO, prepared.recipe):
+            raise RecipeError(
+                f"{source.path} is already prepared with recipe {prepared.recipe!r}; "
+                f"quantization={recipe_name!r} needs the original model as the source"
+            )
+        return prepared
+
+    root = cache_root(cache_dir)
+    export_dir = root / "exports" / f"{source.name}-{_key(source.content_hash, PREPARE_VERSION)}"
+    candidates = AUTO_ORDER if recipe_name == AUTO else (recipe_name,)
+    stages = Stages(f"prepare {source.name}", 1 + 2 * len(candidates[:1]), enabled=progress)
+    try:
+        with stages.stage("export"):
+            build_once(export_dir, lambda tmp: _build_export(source, tmp, progress))
+        for index, name in enumerate(candidates):
+            prepared = _prepare_recipe(source, export_dir, name, root, stages)
+            last = index == len(candidates) - 1
+            agreement = prepared.fidelity.get("top1_agreement", 1.0)
+            if recipe_name != AUTO or last or agreement >= FIDELITY_BAR:
+                return prepared
+            stages.extend(2)  # quantize + evaluate the next, more faithful recipe
+    finally:
+        stages.close()
+    raise AssertionError("unreachable")
+
+
+def _build_export(source: ModelSource, tmp: Path, progress: bool) -> None:
+    timings: dict[str, float] = {}
+    sub = Stages("export", 3, enabled=progress)
+    try:
+        with sub.stage("load"):
+            tokenizer = load_tokenizer(source)
+            hf_folder = materialize_hf_folder(source, tmp / "_hf")
+        with sub.stage("export"):
+            export_onnx(hf_folder, tmp, tokenizer)
+        with sub.stage("clean"):
+            shutil.rmtree(tmp / "_hf", ignore_errors=True)
+        timings = sub.timings
+    finally:
+        sub.close()
+    write_manifest(
+        tmp,
+        {
+            "kind": "export",
+            "source": source.describe(),
+            "versions": library_versions(),
+            "timings": timings,
+            "created": _now(),
+        },
+    )
+
+
+def _prepare_recipe(
+    source: ModelSource, export_dir: Path, recipe_name: str, root: Path, stages: Stages
+) -> PreparedModel:
+    recipe = get_recipe(recipe_name)
+    export_manifest = json.loads((export_dir / "manifest.json").read_text())
+    key = _key(
+        source.content_hash, recipe_name, json.dumps(recipe.params, sort_keys=True), PREPARE_VERSION
+    )
+    final = root / "models" / f"{source.name}-{recipe_name}-{key}"
+
+    def build(tmp: Path) -> None:
+        timings = dict(export_manifest.get("timings", {}))
+        with stages.stage(f"quantize {recipe_name}"):
+            start = time.perf_counter()
+            with quiet_export():
+                recipe.build(export_dir / MODEL_FILE, tmp / MODEL_FILE)
+            timings["quantize"] = round(time.perf_counter() - start, 3)
+            for item in export_dir.iterdir():
+                if item.is_file() and item.suffix != ".onnx" and item.name != "manifest.json":
+                    shutil.copy2(item, tmp / item.name)
+        with stages.stage(f"evaluate {recipe_name}"):
+            start = time.perf_counter()
+            fidelity = _fidelity(export_dir, tmp, recipe_name)
+            timings["evaluate"] = round(time.perf_counter() - start, 3)
+        write_manifest(
+            tmp,
+            {
+                "kind": "prepared",
+                "key": key,
+                "name": source.name,
+                "source": source.describe(),
+                "recipe": {"name": recipe.name, "description": recipe.description, **recipe.params},
+                "versions": library_versions(),
+                "cpu": cpu_features(),
+                "files": {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()},
+                "size_bytes": (tmp / MODEL_FILE).stat().st_size,
+                "folder_bytes": folder_size(tmp),
+                "fidelity": fidelity,
+                "timings": timings,
+                "created": _now(),
+            },
+        )
+
+    return PreparedModel.open(build_once(final, build))
+
+
+def _fidelity(export_dir: Path, candidate_dir: Path, recipe_name: str) -> dict[str, Any]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(export_dir))
+    report = measure_fidelity(export_dir / MODEL_FILE, candidate_dir / MODEL_FILE, tokenizer)
+    return report.as_dict()
+
+
+def tokenizer_folder(
+    model: str | os.PathLike[str] | None = None, *, cache_dir: str | os.PathLike[str] | None = None
+) -> Path:
+    """A cached folder with the source's (repaired) tokenizer alone: seconds instead of a prepare.
+
+    Reading a tokenizer out of a GGUF file takes ~9 s; tests and tools that only need tokens
+    (the protocol layer, scripted token sources) load it from here in well under a second.
+    """
+    source = resolve_source(model)
+    if source.kind == "prepared":
+        return source.path
+    final = cache_root(cache_dir) / "tokenizers" / f"{source.name}-{_key(source.content_hash)}"
+
+    def build(tmp: Path) -> None:
+        load_tokenizer(source).save_pretrained(str(tmp))
+        write_manifest(tmp, {"kind": "tokenizer", "source": source.describe(), "created": _now()})
+
+    return build_once(final, build)

@@ -1,0 +1,181 @@
+"""Quantization recipes, selectable by name. Each turns the fp32 export into a model file.
+
+Why these (DESIGN.md §3): Optimum's dynamic int8 uses one activation scale per tensor, which
+changes answers from the first token and makes them depend on batch-mates. ONNX Runtime's
+MatMulNBits with ``accuracy_level=4`` quantizes activations per block and still runs the
+AVX512-VNNI int8 kernels, keeping ~97-99% top-1 agreement with fp32.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nbresponses.models.cpu import has_vnni
+from nbresponses.models.errors import RecipeError
+
+MODEL_FILE = "model.onnx"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    description: str
+    build: Callable[[Path, Path], None]  # (fp32 model file, output model file)
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+def untie_lm_head(model: Any) -> bool:
+    """Give the LM head its own weight so weight-only quantizers can quantize it.
+
+    Optimum exports a tied head as ``MatMul(hidden, Transpose(embedding))``; the quantizers only
+    touch MatMuls with a constant weight, so the transposed embedding becomes a real initializer.
+    Returns True when a head was untied.
+    """
+    from onnx import numpy_helper
+
+    initializers = {init.name: init for init in model.graph.initializer}
+    consumers: dict[str, list[Any]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    for node in list(model.graph.node):
+        if node.op_type != "Transpose" or node.input[0] not in initializers:
+            continue
+        users = consumers.get(node.output[0], [])
+        if not users or any(u.op_type != "MatMul" for u in users):
+            continue
+        weight = numpy_helper.to_array(initializers[node.input[0]])
+        perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+        untied = np.ascontiguousarray(np.transpose(weight, perm))
+        model.graph.initializer.append(numpy_helper.from_array(untied, "lm_head.weight.untied"))
+        for user in users:
+            for i, name in enumerate(user.input):
+                if name == node.output[0]:
+                    user.input[i] = "lm_head.weight.untied"
+        model.graph.node.remove(node)
+        return True
+    return False
+
+
+def lm_head_nodes(model: Any) -> list[str]:
+    """Names of the MatMul nodes that produce the logits (the LM head)."""
+    producers = {out: node for node in model.graph.node for out in node.output}
+    node = producers.get("logits")
+    return [node.name] if node is not None and node.op_type == "MatMul" else []
+
+
+def matmul_nbits(bits: int, *, quantize_head: bool) -> Callable[[Path, Path], None]:
+    def build(source: Path, target: Path) -> None:
+        import onnx
+        from onnxruntime.quantization import QuantFormat
+        from onnxruntime.quantization.matmul_nbits_quantizer import (
+            DefaultWeightOnlyQuantConfig,
+            MatMulNBitsQuantizer,
+        )
+
+        model = onnx.load(str(source))
+        exclude: list[str] = []
+        if quantize_head:
+            untie_lm_head(model)
+        else:
+            exclude = lm_head_nodes(model)
+        config = DefaultWeightOnlyQuantConfig(
+            block_size=32,
+            is_symmetric=True,
+            accuracy_level=4,
+            bits=bits,
+            quant_format=QuantFormat.QOperator,
+        )
+        quantizer = MatMulNBitsQuantizer(
+            model,
+            bits=bits,
+            block_size=32,
+            is_symmetric=True,
+            accuracy_level=4,
+            nodes_to_exclude=exclude,
+            algo_config=config,
+        )
+        quantizer.process()
+        quantizer.model.save_model_to_file(str(target), use_external_data_format=False)
+
+    return build
+
+
+def optimum_dynamic_int8(source: Path, target: Path) -> None:
+    """Optimum's dynamic int8 (per-tensor activations): kept for comparison, not as a default."""
+    from optimum.onnxruntime import ORTQuantizer
+    from optimum.onnxruntime.configuration import AutoQuantizationConfig
+
+    config = (AutoQuantizationConfig.avx512_vnni if has_vnni() else AutoQuantizationConfig.avx2)(
+        is_static=False, per_channel=False
+    )
+    work = target.parent / "_dynamic_int8"
+    quantizer = ORTQuantizer.from_pretrained(str(source.parent), file_name=source.name)
+    quantizer.quantize(save_dir=str(work), quantization_config=config)
+    produced = next(work.glob("*.onnx"))
+    shutil.move(str(produced), str(target))
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def copy_fp32(source: Path, target: Path) -> None:
+    """The fp32 export itself (hard-linked: no second copy on disk)."""
+    try:
+        target.hardlink_to(source)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+RECIPES: dict[str, Recipe] = {
+    r.name: r
+    for r in (
+        Recipe("fp32", "the fp32 ONNX export, unquantized (the fidelity reference)", copy_fp32),
+        Recipe(
+            "q8",
+            "MatMulNBits 8-bit weights, block 32, accuracy_level 4 (int8 VNNI kernels), "
+            "LM head untied and quantized",
+            matmul_nbits(8, quantize_head=True),
+            {"bits": 8, "block_size": 32, "accuracy_level": 4, "lm_head": "q8"},
+        ),
+        Recipe(
+            "q8-fp32-head",
+            "MatMulNBits 8-bit weights as q8, LM head left fp32 (higher fidelity, slower head)",
+            matmul_nbits(8, quantize_head=False),
+            {"bits": 8, "block_size": 32, "accuracy_level": 4, "lm_head": "fp32"},
+        ),
+        Recipe(
+            "q4",
+            "MatMulNBits 4-bit weights, block 32, accuracy_level 4, LM head quantized "
+            "(smallest and fastest, low fidelity on small models)",
+            matmul_nbits(4, quantize_head=True),
+            {"bits": 4, "block_size": 32, "accuracy_level": 4, "lm_head": "q4"},
+        ),
+        Recipe(
+            "dynamic-int8",
+            "Optimum AutoQuantizationConfig.avx512_vnni (avx2 without VNNI), dynamic int8 with "
+            "per-tensor activation scales; for comparison only",
+            optimum_dynamic_int8,
+            {"optimum": "avx512_vnni" if has_vnni() else "avx2", "is_static": False},
+        ),
+    )
+}
+
+# "auto" tries these in order (fastest first) and keeps the first whose fidelity holds.
+AUTO_ORDER = ("q8", "q8-fp32-head", "fp32")
+AUTO = "auto"
+FIDELITY_BAR = 0.97  # top-1 agreement with fp32
+
+
+def get_recipe(name: str) -> Recipe:
+    try:
+        return RECIPES[name]
+    except KeyError:
+        raise RecipeError(
+            f"Unknown quantization recipe {name!r}. Accepted: {AUTO!r} (default: the fastest "
+            f"recipe with >= {FIDELITY_BAR:.0%} top-1 agreement), " + ", ".join(map(repr, RECIPES))
+        ) from None

@@ -1,0 +1,77 @@
+"""Shared fixtures: a persistent test cache, the bundled tokenizer, tiny and real models.
+
+The cache survives test runs on one machine (preparing the real model takes about a minute);
+CI on a fresh machine prepares everything once per run.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).parent))
+
+TEST_CACHE = Path(
+    os.environ.get("NBRESPONSES_TEST_CACHE", Path.home() / ".cache" / "nbresponses-test")
+)
+
+
+@pytest.fixture(scope="session")
+def cache_dir() -> Path:
+    TEST_CACHE.mkdir(parents=True, exist_ok=True)
+    return TEST_CACHE
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(cache_dir: Path) -> Path:
+    """The bundled SmolLM2 tokenizer (repaired), cached: loads in well under a second."""
+    from nbresponses.models.prepare import tokenizer_folder
+
+    return tokenizer_folder(cache_dir=cache_dir)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tokenizer_dir: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tokenizer_dir))
+
+
+@pytest.fixture(scope="session")
+def tiny_source(cache_dir: Path, tokenizer_dir: Path) -> Path:
+    """A Hugging Face folder with a tiny random-weight Llama (seeded: always the same weights)."""
+    from tiny_model import build_tiny_llama
+
+    folder = cache_dir / "tiny-llama-src"
+    if not (folder / "config.json").is_file():
+        build_tiny_llama(folder, tokenizer_dir)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_source: Path, cache_dir: Path):
+    """The tiny model prepared with the fp32 recipe (exported by Optimum, ~1 s)."""
+    from nbresponses.models.prepare import prepare_model
+
+    return prepare_model(tiny_source, "fp32", cache_dir=cache_dir, progress=False)
+
+
+@pytest.fixture(scope="session")
+def bundled_model(cache_dir: Path):
+    """The real bundled SmolLM2-135M-Instruct, prepared with the default recipe (cached)."""
+    from nbresponses.models.prepare import prepare_model
+
+    return prepare_model(None, cache_dir=cache_dir, progress=False)
+
+
+@pytest.fixture(scope="session")
+def bundled_fp32(cache_dir: Path):
+    from nbresponses.models.prepare import prepare_model
+
+    return prepare_model(None, "fp32", cache_dir=cache_dir, progress=False)
