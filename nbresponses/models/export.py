@@ -65,14 +65,17 @@ def load_tokenizer(source: ModelSource) -> Any:
     """The source's tokenizer, repaired where GGUF conversion broke it."""
     from transformers import AutoTokenizer
 
-    with quiet_export():
-        if source.gguf_file is not None:
-            tokenizer = AutoTokenizer.from_pretrained(
-                str(source.path.parent), gguf_file=source.path.name
-            )
-            fix_chatml_tokenizer(tokenizer)
-        else:
-            tokenizer = AutoTokenizer.from_pretrained(str(source.path))
+    try:
+        with quiet_export():
+            if source.gguf_file is not None:
+                tokenizer = AutoTokenizer.from_pretrained(
+                    str(source.path.parent), gguf_file=source.path.name
+                )
+                fix_chatml_tokenizer(tokenizer)
+            else:
+                tokenizer = AutoTokenizer.from_pretrained(str(source.path))
+    except Exception as exc:  # corrupt files, non-text models, missing tokenizer files
+        raise ModelSourceError(f"No usable tokenizer in {source.path}: {exc}") from exc
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

@@ -88,19 +88,20 @@ def prepare_model(
     export_dir = root / "exports" / f"{source.name}-{_key(source.content_hash, PREPARE_VERSION)}"
     candidates = AUTO_ORDER if recipe_name == AUTO else (recipe_name,)
     stages = Stages(f"prepare {source.name}", 1 + 2 * len(candidates[:1]), enabled=progress)
+    finished = False
     try:
         with stages.stage("export"):
             build_once(export_dir, lambda tmp: _build_export(source, tmp, progress))
         for index, name in enumerate(candidates):
+            if index:
+                stages.extend(2)  # quantize + evaluate the next, more faithful recipe
             prepared = _prepare_recipe(source, export_dir, name, root, stages)
-            last = index == len(candidates) - 1
-            agreement = prepared.fidelity.get("top1_agreement", 1.0)
-            if recipe_name != AUTO or last or agreement >= FIDELITY_BAR:
-                return prepared
-            stages.extend(2)  # quantize + evaluate the next, more faithful recipe
+            if prepared.fidelity.get("top1_agreement", 1.0) >= FIDELITY_BAR:
+                break
+        finished = True
+        return prepared  # an explicit recipe, a faithful one, or the last (fp32) candidate
     finally:
-        stages.close()
-    raise AssertionError("unreachable")
+        stages.close(finished=finished)
 
 
 def _build_export(source: ModelSource, tmp: Path, progress: bool) -> None:
@@ -116,7 +117,7 @@ def _build_export(source: ModelSource, tmp: Path, progress: bool) -> None:
             shutil.rmtree(tmp / "_hf", ignore_errors=True)
         timings = sub.timings
     finally:
-        sub.close()
+        sub.close(finished=bool(timings))
     write_manifest(
         tmp,
         {

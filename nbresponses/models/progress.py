@@ -31,6 +31,9 @@ class Stages:
         self._bar.total += stages
         self._bar.refresh()
 
-    def close(self) -> None:
-        self._bar.set_postfix_str("done")
+    def close(self, *, finished: bool = True) -> None:
+        """Close the bar; when ``finished``, fill it (cached stages are skipped, not failed)."""
+        if finished:
+            self._bar.n = self._bar.total
+            self._bar.set_postfix_str("done")
         self._bar.close()
