@@ -101,7 +101,8 @@ def cmd_models(args: argparse.Namespace) -> int:
     for m in models:
         agreement = m.fidelity.get("top1_agreement", float("nan"))
         kl = m.fidelity.get("mean_kl", float("nan"))
-        print(f"{m.name:28} {m.recipe:14} {m.size_bytes / 1e6:8.1f} {agreement:7.1%} {kl:8.4f}  {m.path}")
+        size = m.size_bytes / 1e6
+        print(f"{m.name:28} {m.recipe:14} {size:8.1f} {agreement:7.1%} {kl:8.4f}  {m.path}")
     return 0
 
 
