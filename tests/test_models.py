@@ -282,3 +282,21 @@ def test_bundled_model_default_recipe_meets_the_bar(bundled_model, cache_dir) ->
     assert bundled_model.path in {m.path for m in list_models(cache_dir)}
     tokenizer = bundled_model.load_tokenizer()
     assert tokenizer.eos_token == "<|im_end|>"
+
+
+def test_a_failing_build_leaves_no_entry(tiny_source: Path, tmp_path: Path, monkeypatch) -> None:
+    """A full disk (or any error) while quantizing: the error propagates, nothing is cached."""
+    import errno
+
+    from nbresponses.models import recipes
+
+    def no_space(source: Path, target: Path) -> None:
+        target.write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    broken = recipes.Recipe("q4", "broken", no_space, RECIPES["q4"].params)
+    monkeypatch.setitem(recipes.RECIPES, "q4", broken)
+    with pytest.raises(OSError, match="No space"):
+        prepare_model(tiny_source, "q4", cache_dir=tmp_path, progress=False)
+    assert not _entries(tmp_path, "models")
+    assert not list((tmp_path / "tmp").iterdir())
