@@ -1,0 +1,236 @@
+"""The in-kernel engine: an ONNX Runtime causal LM behind the ``TokenSource`` contract.
+
+``await OnnxEngine.load()`` prepares (or finds cached) and loads a model; ``generate()`` returns an
+async stream of ``Step``s for one request. Requests run concurrently in one continuously batched
+decode loop on a worker thread (see ``scheduler.py``); consumers only ever await.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from nbresponses.engine import sampling
+from nbresponses.engine.prefix_cache import PrefixCache
+from nbresponses.engine.runner import OnnxRunner
+from nbresponses.engine.scheduler import Request, Scheduler
+from nbresponses.engine.types import GenerationStats, SamplingParams, Step
+from nbresponses.models.prepared import PreparedModel
+
+DEFAULT_KV_BUDGET = 4 << 30  # bytes of running-batch KV (left padding included)
+DEFAULT_PREFIX_CACHE = 512 << 20  # bytes of finished requests' KV kept for reuse
+
+
+class GenerationStream:
+    """One request's steps, as an async iterator. Cancelling its consumer frees the batch row.
+
+    ``cancel()`` (or ``engine.cancel(stream)``) ends it with a final ``finish_reason="cancelled"``
+    step; ``request_id`` identifies it in logs.
+    """
+
+    def __init__(self, engine: OnnxEngine, request: Request, queue: asyncio.Queue[Step]) -> None:
+        self._engine = engine
+        self._request = request
+        self._queue = queue
+        self._finished = False
+
+    @property
+    def request_id(self) -> int:
+        return self._request.id
+
+    @property
+    def stats(self) -> GenerationStats:
+        return self._request.stats
+
+    def __aiter__(self) -> GenerationStream:
+        return self
+
+    async def __anext__(self) -> Step:
+        if self._finished:
+            raise StopAsyncIteration
+        try:
+            step = await self._queue.get()
+        except asyncio.CancelledError:
+            self.cancel()
+            raise
+        if step.finish_reason is not None:
+            self._finished = True
+        return step
+
+    def cancel(self) -> None:
+        if not self._request.done:
+            self._engine._scheduler.cancel(self._request)
+
+    async def aclose(self) -> None:
+        """Stop early (what ``async with contextlib.aclosing(stream)`` calls)."""
+        if not self._finished:
+            self._finished = True
+            self.cancel()
+
+    def __del__(self) -> None:  # dropped unfinished (a ``break`` in ``async for``): free the row
+        request = getattr(self, "_request", None)
+        if request is not None and not request.done:
+            request.cancelled = True
+
+
+class OnnxEngine:
+    """Continuous-batching ONNX Runtime engine; implements ``TokenSource``."""
+
+    def __init__(
+        self,
+        prepared: PreparedModel,
+        *,
+        max_batch_size: int = 16,
+        kv_budget_bytes: int = DEFAULT_KV_BUDGET,
+        prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE,
+        threads: int | None = None,
+        tokenizer: Any | None = None,
+    ) -> None:
+        """Load a prepared model synchronously (seconds); in a kernel use ``await load()``."""
+        if max_batch_size < 1:
+            raise ValueError("max_batch_size must be >= 1")
+        self.prepared = prepared
+        self.tokenizer = tokenizer if tokenizer is not None else prepared.load_tokenizer()
+        self.runner = OnnxRunner(prepared.onnx_path, threads=threads)
+        self._context_length = prepared.context_length
+        self._eos = _eos_ids(self.tokenizer, prepared)
+        self.prefix_cache = PrefixCache(prefix_cache_bytes)
+        self._scheduler = Scheduler(
+            self.runner,
+            stop_ids=self._eos,
+            context_length=self._context_length,
+            max_batch_size=max_batch_size,
+            kv_budget_bytes=kv_budget_bytes,
+            prefix_cache=self.prefix_cache,
+        )
+        self._closed = False
+
+    @classmethod
+    async def load(
+        cls,
+        model: str | os.PathLike[str] | None = None,
+        quantization: str | None = None,
+        *,
+        cache_dir: str | os.PathLike[str] | None = None,
+        progress: bool = True,
+        **options: Any,
+    ) -> OnnxEngine:
+        """Prepare (first time: export, quantize, evaluate; then cached) and load a model."""
+        from nbresponses.models.prepare import prepare_model
+
+        prepared = await asyncio.to_thread(
+            prepare_model, model, quantization, cache_dir=cache_dir, progress=progress
+        )
+        return await asyncio.to_thread(cls, prepared, **options)
+
+    # -- TokenSource ----------------------------------------------------------------------------
+
+    @property
+    def eos_token_ids(self) -> Sequence[int]:
+        return self._eos
+
+    @property
+    def context_length(self) -> int:
+        return self._context_length
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        stats: GenerationStats | None = None,
+    ) -> GenerationStream:
+        """Queue a request now and return its stream. Must be called with a running event loop.
+
+        Raises ValueError before admission for an empty or too long prompt, token ids outside
+        the vocabulary or invalid sampling settings. The stop token (eos or one of
+        ``stop_token_ids``) is included in the final step, with ``finish_reason="stop"``.
+        """
+        if self._closed:
+            raise RuntimeError("the engine is closed")
+        sampling.validate(params)
+        prompt = tuple(int(t) for t in prompt_ids)
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        if len(prompt) >= self._context_length:
+            raise ValueError(
+                f"the prompt has {len(prompt)} tokens; the model's context length is "
+                f"{self._context_length}, leaving no room for an answer"
+            )
+        vocab = self.runner.vocab_size
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            raise ValueError(
+                f"token ids must be in the vocabulary [0, {vocab}); "
+                f"got {min(prompt)}..{max(prompt)}"
+            )
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Step] = asyncio.Queue()
+
+        def sink(step: Step) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, step)
+
+        request = Request(
+            prompt=prompt,
+            params=params,
+            stats=stats if stats is not None else GenerationStats(),
+            sink=sink,
+            budget_tokens=min(len(prompt) + params.max_tokens, self._context_length),
+        )
+        self._scheduler.submit(request)
+        return GenerationStream(self, request, queue)
+
+    # -- control ------------------------------------------------------------------------------
+
+    def cancel(self, stream: GenerationStream) -> None:
+        """Stop a request; its stream ends with a ``cancelled`` step within one decode step."""
+        stream.cancel()
+
+    @property
+    def running(self) -> int:
+        """Requests decoding now."""
+        return len(self._scheduler.rows)
+
+    @property
+    def waiting(self) -> int:
+        """Requests queued for admission."""
+        return self._scheduler.waiting
+
+    @property
+    def decode_steps(self) -> int:
+        return self._scheduler.steps
+
+    async def aclose(self) -> None:
+        """Stop the worker; unfinished requests end with ``cancelled``."""
+        if not self._closed:
+            self._closed = True
+            await asyncio.to_thread(self._scheduler.close)
+
+    close = aclose
+
+    def close_sync(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._scheduler.close()
+
+    async def __aenter__(self) -> OnnxEngine:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+def _eos_ids(tokenizer: Any, prepared: PreparedModel) -> tuple[int, ...]:
+    """The tokenizer's eos (repaired at prepare time) plus generation_config's, if consistent."""
+    ids: list[int] = []
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    path = prepared.path / "generation_config.json"
+    if path.is_file():
+        import json
+
+        eos = json.loads(path.read_text()).get("eos_token_id")
+        for token in eos if isinstance(eos, list) else [eos] if eos is not None else []:
+            if int(token) not in ids and int(token) != getattr(tokenizer, "bos_token_id", None):
+                ids.append(int(token))
+    return tuple(ids)

@@ -1,0 +1,139 @@
+"""The running batch's KV cache: one left-padded tensor per layer input, kept between steps.
+
+Rows of different lengths share one tensor per layer ([B, kv_heads, L, head_dim]); a row shorter
+than L is padded on the left and masked out by ``attention_mask``, and its position ids count
+only its own tokens, so padding changes nothing but the width of the attention. Between steps the
+tensors stay ONNX Runtime OrtValues (the previous step's ``present.*`` outputs fed back as
+``past_key_values.*``); they become numpy arrays only when rows join or leave.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+RowKV = list[np.ndarray]  # one [kv_heads, T, head_dim] array per past input, in input order
+
+_ONNX_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """Names and shapes of the model's KV inputs and outputs."""
+
+    past_names: tuple[str, ...]
+    present_names: tuple[str, ...]
+    kv_heads: int
+    head_dim: int
+    dtype: np.dtype
+
+    @classmethod
+    def from_session(cls, session: Any) -> KVLayout:
+        pasts = [i for i in session.get_inputs() if i.name.startswith("past_key_values.")]
+        if not pasts:
+            raise ValueError("the model has no past_key_values inputs (exported without KV cache)")
+        outputs = {o.name for o in session.get_outputs()}
+        presents = tuple(p.name.replace("past_key_values.", "present.") for p in pasts)
+        missing = [name for name in presents if name not in outputs]
+        if missing:
+            raise ValueError(f"the model lacks KV outputs {missing[:3]}")
+        _, kv_heads, _, head_dim = pasts[0].shape
+        return cls(
+            past_names=tuple(p.name for p in pasts),
+            present_names=presents,
+            kv_heads=int(kv_heads),
+            head_dim=int(head_dim),
+            dtype=np.dtype(_ONNX_DTYPES.get(pasts[0].type, np.float32)),
+        )
+
+    @property
+    def bytes_per_token(self) -> int:
+        return len(self.past_names) * self.kv_heads * self.head_dim * self.dtype.itemsize
+
+    def empty(self, batch: int = 1) -> list[np.ndarray]:
+        shape = (batch, self.kv_heads, 0, self.head_dim)
+        return [np.zeros(shape, self.dtype) for _ in self.past_names]
+
+
+def row_bytes(row: RowKV) -> int:
+    return sum(a.nbytes for a in row)
+
+
+class BatchKV:
+    """KV tensors, left padding and positions of the rows currently decoding."""
+
+    def __init__(self, layout: KVLayout) -> None:
+        self.layout = layout
+        self.pads: list[int] = []
+        self.length = 0  # L: columns of every KV tensor
+        self._values: list[Any] = []  # numpy arrays or OrtValues, [B, kv, L, hd]
+
+    @property
+    def size(self) -> int:
+        return len(self.pads)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.length * self.layout.bytes_per_token
+
+    def _numpy(self) -> list[np.ndarray]:
+        return [v if isinstance(v, np.ndarray) else v.numpy() for v in self._values]
+
+    def add(self, row: RowKV) -> None:
+        """Append a row (its KV without padding); widen everything on the left if it is longer."""
+        tokens = row[0].shape[1]
+        if not self.pads:
+            self._values = [a[None] for a in row]
+            self.pads, self.length = [0], tokens
+            return
+        width = max(self.length, tokens)
+        grow, own = width - self.length, width - tokens
+        merged = []
+        for batch, new in zip(self._numpy(), row, strict=True):
+            rows, heads, _, dim = batch.shape
+            out = np.zeros((rows + 1, heads, width, dim), batch.dtype)
+            out[:-1, :, grow:] = batch
+            out[-1, :, own:] = new
+            merged.append(out)
+        self._values = merged
+        self.pads = [p + grow for p in self.pads] + [own]
+        self.length = width
+
+    def remove(self, indices: list[int]) -> None:
+        """Drop rows; trim columns that became padding in every remaining row."""
+        if not indices:
+            return
+        keep = [i for i in range(self.size) if i not in set(indices)]
+        if not keep:
+            self.pads, self.length, self._values = [], 0, []
+            return
+        trim = min(self.pads[i] for i in keep)
+        self._values = [np.ascontiguousarray(a[keep, :, trim:]) for a in self._numpy()]
+        self.pads = [self.pads[i] - trim for i in keep]
+        self.length -= trim
+
+    def row(self, index: int) -> RowKV:
+        """A copy of one row's KV without its padding (for the prefix cache)."""
+        pad = self.pads[index]
+        return [np.array(a[index, :, pad:]) for a in self._numpy()]
+
+    def inputs(self) -> list[Any]:
+        return self._values
+
+    def attention_mask(self) -> np.ndarray:
+        """[B, L + 1]: zeros over each row's padding, ones over its tokens and the new one."""
+        mask = np.ones((self.size, self.length + 1), np.int64)
+        for i, pad in enumerate(self.pads):
+            mask[i, :pad] = 0
+        return mask
+
+    def positions(self) -> np.ndarray:
+        """[B, 1]: the position of each row's next token (its own token count so far)."""
+        return np.array([[self.length - pad] for pad in self.pads], np.int64)
+
+    def advance(self, presents: list[Any]) -> None:
+        """Adopt the step's outputs (one column longer) as the new past."""
+        self._values = presents
+        self.length += 1

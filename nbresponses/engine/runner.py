@@ -1,0 +1,67 @@
+"""One ONNX Runtime session and the single call the scheduler makes on it: run tokens, get logits.
+
+Session settings are tuned for decode on a CPU: one intra-op thread per physical core (hyper-
+threads only contend for the same vector units), sequential execution, full graph optimisation.
+Inputs and outputs travel as OrtValues (`run_with_ort_values`), so the KV cache produced by one
+step is fed to the next without passing through numpy.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from nbresponses.engine.kv import KVLayout
+from nbresponses.models.cpu import physical_cores
+
+
+def session_options(threads: int | None = None) -> ort.SessionOptions:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads or physical_cores()
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    return options
+
+
+class OnnxRunner:
+    """The exported causal LM: ``run(ids, mask, positions, past) -> (last logits, present)``."""
+
+    def __init__(self, model_path: str | os.PathLike[str], *, threads: int | None = None) -> None:
+        self.model_path = Path(model_path)
+        self.session = ort.InferenceSession(
+            str(self.model_path), session_options(threads), providers=["CPUExecutionProvider"]
+        )
+        self.layout = KVLayout.from_session(self.session)
+        self._outputs = ["logits", *self.layout.present_names]
+        self.vocab_size = int(self.session.get_outputs()[0].shape[-1])
+
+    def run(
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray,
+        position_ids: np.ndarray,
+        past: list[Any],
+    ) -> tuple[np.ndarray, list[Any]]:
+        """Logits of the last position of every row ([B, V] float32) and the present KV."""
+        feeds = {
+            "input_ids": _ortvalue(input_ids),
+            "attention_mask": _ortvalue(attention_mask),
+            "position_ids": _ortvalue(position_ids),
+        }
+        for name, value in zip(self.layout.past_names, past, strict=True):
+            feeds[name] = _ortvalue(value)
+        outputs = self.session.run_with_ort_values(self._outputs, feeds)
+        logits = outputs[0].numpy()[:, -1, :]
+        return np.ascontiguousarray(logits, dtype=np.float32), list(outputs[1:])
+
+
+def _ortvalue(value: Any) -> ort.OrtValue:
+    if isinstance(value, ort.OrtValue):
+        return value
+    return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(value))
