@@ -1,0 +1,221 @@
+"""Decode speed of the engine against its peers, measured side by side in one process.
+
+Systems (each optional ones skipped when not installed): the engine at 1, 4 and 16 concurrent
+requests; optimum ``ORTModelForCausalLM.generate`` on the same model file; PyTorch fp32
+``generate``; llama.cpp (``llama-cpp-python``) on a GGUF given with ``--gguf`` (Q8_0 of the same
+model for a fair comparison). Rounds go round-robin over the systems and the table reports
+medians, because timings on shared machines drift. Every system generates exactly
+``--max-tokens`` tokens greedily (eos ignored) from the same chat prompt.
+
+    python benchmarks/decode.py --rounds 3 --gguf /tmp/smollm2-q8_0.gguf
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from nbresponses.engine.engine import OnnxEngine
+from nbresponses.engine.types import GenerationStats, SamplingParams
+from nbresponses.models.cpu import physical_cores
+from nbresponses.models.prepare import prepare_model
+
+PROMPT = "What is the capital of France? Answer in a few sentences."
+
+Result = dict[str, float]  # ttft_s, decode_tps (batch 1), aggregate_tps
+
+
+def engine_runner(engine: OnnxEngine, prompt: list[int], n: int, max_tokens: int):
+    engine._scheduler.stop_ids = frozenset()  # benchmark only: fixed lengths, eos ignored
+
+    async def one() -> tuple[float, float, int, float]:
+        stats = GenerationStats()
+        start = time.perf_counter()
+        async for _ in engine.generate(
+            prompt, SamplingParams(max_tokens=max_tokens, temperature=0), stats
+        ):
+            pass
+        end = time.perf_counter()
+        return start, stats.first_token_time or end, stats.output_tokens, end
+
+    async def run() -> Result:
+        start = time.perf_counter()
+        results = await asyncio.gather(*(one() for _ in range(n)))
+        end = time.perf_counter()
+        total = sum(r[2] for r in results)
+        first = results[0]
+        return {
+            "ttft_s": statistics.median(r[1] - r[0] for r in results),
+            "decode_tps": (first[2] - 1) / (first[3] - first[1]),
+            "aggregate_tps": total / (end - start),
+        }
+
+    return lambda: asyncio.run(run())
+
+
+def optimum_runner(prepared, prompt: list[int], max_tokens: int) -> Callable[[], Result]:
+    import onnxruntime as ort
+    import torch
+    from optimum.onnxruntime import ORTModelForCausalLM
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = physical_cores()
+    model = ORTModelForCausalLM.from_pretrained(
+        str(prepared.path), file_name="model.onnx", use_cache=True, session_options=options
+    )
+    ids = torch.tensor([prompt])
+    return lambda: _hf_generate(model, ids, max_tokens)
+
+
+def torch_runner(prompt: list[int], max_tokens: int) -> Callable[[], Result]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from nbresponses.models.sources import bundled_gguf_path
+
+    gguf = bundled_gguf_path()
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name).eval()
+    torch.set_num_threads(physical_cores())
+    ids = torch.tensor([prompt])
+    return lambda: _hf_generate(model, ids, max_tokens)
+
+
+def _hf_generate(model, ids, max_tokens: int) -> Result:
+    import torch
+
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        start = time.perf_counter()
+        model.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=1,
+            min_new_tokens=1,
+            do_sample=False,
+            pad_token_id=0,
+        )
+        ttft = time.perf_counter() - start
+        start = time.perf_counter()
+        out = model.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=max_tokens,
+            min_new_tokens=max_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
+        elapsed = time.perf_counter() - start
+    n = out.shape[1] - ids.shape[1]
+    return {"ttft_s": ttft, "decode_tps": (n - 1) / (elapsed - ttft), "aggregate_tps": n / elapsed}
+
+
+def llama_cpp_runner(gguf: Path, prompt: list[int], max_tokens: int) -> Callable[[], Result]:
+    from llama_cpp import Llama
+
+    llm = Llama(str(gguf), n_ctx=1024, n_threads=physical_cores(), n_batch=512, verbose=False)
+
+    def run() -> Result:
+        llm.reset()
+        start = time.perf_counter()
+        first = None
+        n = 0
+        for _ in llm.generate(prompt, temp=0.0, reset=True):
+            n += 1
+            if first is None:
+                first = time.perf_counter()
+            if n >= max_tokens:
+                break
+        end = time.perf_counter()
+        return {
+            "ttft_s": first - start,
+            "decode_tps": (n - 1) / (end - first),
+            "aggregate_tps": n / (end - start),
+        }
+
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("-q", "--quantization", default="q8")
+    parser.add_argument("--cache-dir", default=None)
+    parser.add_argument("--gguf", type=Path, default=None, help="llama.cpp model (Q8_0)")
+    parser.add_argument("--skip", nargs="*", default=[], help="optimum torch llama.cpp")
+    args = parser.parse_args()
+
+    prepared = prepare_model(None, args.quantization, cache_dir=args.cache_dir, progress=False)
+    engine = OnnxEngine(prepared)
+    prompt = list(
+        engine.tokenizer.apply_chat_template(
+            [{"role": "user", "content": PROMPT}], add_generation_prompt=True
+        )
+    )
+    print(
+        f"{prepared.describe()}; prompt {len(prompt)} tokens, {args.max_tokens} generated, "
+        f"{physical_cores()} threads, {args.rounds} rounds"
+    )
+
+    systems: dict[str, Callable[[], Result]] = {
+        f"engine {prepared.recipe} x1": engine_runner(engine, prompt, 1, args.max_tokens),
+        f"engine {prepared.recipe} x4": engine_runner(engine, prompt, 4, args.max_tokens),
+        f"engine {prepared.recipe} x16": engine_runner(engine, prompt, 16, args.max_tokens),
+    }
+    if "optimum" not in args.skip:
+        systems[f"optimum generate {prepared.recipe}"] = optimum_runner(
+            prepared, prompt, args.max_tokens
+        )
+    if "torch" not in args.skip:
+        systems["pytorch fp32 generate"] = torch_runner(prompt, args.max_tokens)
+    if "llama.cpp" not in args.skip and args.gguf is not None:
+        try:
+            systems[f"llama.cpp {args.gguf.name}"] = llama_cpp_runner(
+                args.gguf, prompt, args.max_tokens
+            )
+        except ImportError:
+            print("llama-cpp-python is not installed: llama.cpp skipped")
+
+    for run in systems.values():  # warm-up
+        run()
+    samples: dict[str, list[Result]] = {name: [] for name in systems}
+    for _ in range(args.rounds):
+        for name, run in systems.items():
+            samples[name].append(run())
+
+    med = {
+        name: {k: float(np.median([r[k] for r in rs])) for k in rs[0]}
+        for name, rs in samples.items()
+    }
+    base_name = f"engine {prepared.recipe} x1"
+    anchors = [n for n in med if n.startswith("llama.cpp")] + [
+        n for n in med if n.startswith("optimum")
+    ]
+    header = f"{'system':34} {'TTFT ms':>8} {'decode tok/s':>13} {'aggregate tok/s':>16}"
+    header += "".join(f"  {'vs ' + a.split()[0]:>12}" for a in anchors)
+    print(header)
+    for name, m in med.items():
+        line = f"{name:34} {m['ttft_s'] * 1000:8.0f} {m['decode_tps']:13.1f}"
+        line += f" {m['aggregate_tps']:16.1f}"
+        for a in anchors:
+            key = "aggregate_tps" if name.endswith(("x4", "x16")) else "decode_tps"
+            line += f"  {m[key] / med[a]['decode_tps']:11.2f}x"
+        print(line)
+    base = med[base_name]["aggregate_tps"]
+    for n in ("x4", "x16"):
+        name = f"engine {prepared.recipe} {n}"
+        print(
+            f"concurrency scaling {n}: {med[name]['aggregate_tps'] / base:.2f}x"
+            " the engine's batch 1"
+        )
+    engine.close_sync()
+
+
+if __name__ == "__main__":
+    main()
