@@ -1,0 +1,195 @@
+// nbresponses live Responses view (anywidget front end).
+import { createStore, touchedItems } from "./state.js";
+import { h, genericJson } from "./dom.js";
+import { renderItem, itemDone } from "./items.js";
+import { statusOf, usageFacts } from "./format.js";
+import { hasLogprobs, legend, fillTip } from "./heatmap.js";
+
+function mount(model, el) {
+  const ui = { open: {}, heat: false, pinned: null };
+  const root = h("div", { class: "nbr-root" });
+  const head = h("div", { class: "nbr-head" });
+  const items = h("div", { class: "nbr-items" });
+  const extra = h("div", { class: "nbr-extra" });
+  const foot = h("div", { class: "nbr-foot" });
+  const tip = h("div", { class: "nbr-tip", role: "tooltip", hidden: true });
+  root.append(head, items, extra, foot, tip);
+  el.replaceChildren(root);
+
+  let frame = null;
+  let dirty = null; // null: everything
+  let cancelling = false;
+  const itemEls = [];
+
+  const store = createStore(model, (ops) => {
+    const touched = ops ? touchedItems(ops) : null;
+    if (touched === null) dirty = null;
+    else if (dirty !== null) for (const i of touched) dirty.add(i);
+    if (frame === null) frame = requestAnimationFrame(draw);
+  });
+
+  function drawHead(state) {
+    const status = statusOf(state);
+    const live = state.view.phase !== "done";
+    const children = [
+      h("span", { class: `nbr-status nbr-s-${status.key}`, "data-status": status.key }, live && status.key !== "queued" ? h("span", { class: "nbr-dot", "aria-hidden": "true" }) : null, status.label),
+    ];
+    if (state.response.model) children.push(h("span", { class: "nbr-model" }, String(state.response.model)));
+    children.push(h("span", { class: "nbr-spacer" }));
+    if (hasLogprobs(state)) {
+      children.push(
+        h("button", { class: "nbr-button nbr-heat-toggle", type: "button", "aria-pressed": ui.heat ? "true" : "false", title: "Colour each token by its probability", onclick: () => { ui.heat = !ui.heat; hideTip(true); redrawAll(); } }, ui.heat ? "Hide token probabilities" : "Token probabilities"),
+      );
+    }
+    if (state.view.cancellable && live) {
+      children.push(
+        h("button", { class: "nbr-button nbr-cancel", type: "button", disabled: cancelling, onclick: () => { cancelling = true; model.send({ kind: "cancel" }); redrawAll(); } }, cancelling ? "Cancelling…" : "Cancel"),
+      );
+    }
+    head.replaceChildren(...children);
+  }
+
+  function drawExtra(state) {
+    const blocks = [];
+    if (ui.heat) blocks.push(legend());
+    const errors = [...(state.response.error ? [state.response.error] : []), ...(state.view.errors || [])];
+    const seen = new Set();
+    for (const err of errors) {
+      if (!err || typeof err !== "object") continue;
+      const text = `${err.code || "error"}: ${err.message || ""}`;
+      if (seen.has(text)) continue;
+      seen.add(text);
+      blocks.push(h("div", { class: "nbr-error" }, text));
+    }
+    if (state.view.exception) blocks.push(h("div", { class: "nbr-error" }, `${state.view.exception.type}: ${state.view.exception.message}`));
+    if (state.view.interrupted && state.view.phase === "done" && !state.view.exception) {
+      blocks.push(h("div", { class: "nbr-warn" }, "The stream ended before the response was complete."));
+    }
+    if (state.response.status === "incomplete" && state.response.incomplete_details) {
+      blocks.push(h("div", { class: "nbr-warn" }, `Incomplete: ${state.response.incomplete_details.reason || "unknown reason"}`));
+    }
+    if (state.view.unknown_count) {
+      const list = (state.view.unknown || []).map((u) => h("div", { class: "nbr-unknown" }, h("code", {}, u.type), h("span", { class: "nbr-muted" }, ` ${u.reason}`), h("pre", { class: "nbr-json" }, u.data)));
+      blocks.push(h("details", { class: "nbr-unknown-list" }, h("summary", {}, `${state.view.unknown_count} event(s) shown as they came (not recognised)`), list));
+    }
+    extra.replaceChildren(...blocks);
+  }
+
+  function drawFoot(state) {
+    const facts = usageFacts(state);
+    foot.replaceChildren(...facts.map(([label, value]) => h("span", { class: "nbr-fact" }, h("span", { class: "nbr-muted" }, `${label} `), value)));
+    foot.hidden = facts.length === 0;
+  }
+
+  function draw() {
+    frame = null;
+    const state = store.state;
+    if (!state) return;
+    const ctx = { state, ui };
+    const output = state.response.output || [];
+    const metas = state.view.items || [];
+    while (itemEls.length > output.length) itemEls.pop().remove();
+    for (let i = 0; i < output.length; i++) {
+      const item = output[i];
+      let slot = itemEls[i];
+      if (!slot) {
+        slot = h("div", { class: "nbr-item", "data-index": i });
+        items.append(slot);
+        itemEls.push(slot);
+      }
+      const live = item && !itemDone(ctx, item, metas[i]);
+      if (dirty === null || dirty.has(i) || live || slot.dataset.live === "1") {
+        const rendered = renderItem(ctx, item, metas[i], i);
+        slot.dataset.type = item && item.type ? String(item.type) : "";
+        slot.dataset.live = live ? "1" : "0";
+        slot.replaceChildren(...(rendered ? [rendered] : []));
+        slot.hidden = !rendered;
+      }
+    }
+    if (!output.some(Boolean) && state.view.phase !== "done" && !items.querySelector(".nbr-waiting")) {
+      items.append(h("div", { class: "nbr-muted nbr-waiting" }, "Waiting for the first event…"));
+    } else if (output.some(Boolean)) {
+      for (const w of items.querySelectorAll(".nbr-waiting")) w.remove();
+    }
+    drawHead(state);
+    drawExtra(state);
+    drawFoot(state);
+    dirty = new Set();
+  }
+
+  function redrawAll() {
+    dirty = null;
+    if (frame === null) frame = requestAnimationFrame(draw);
+  }
+
+  // Token popover: hover shows it, click pins it, a click elsewhere or Escape hides it.
+  function tokenAt(target) {
+    const span = target && target.closest ? target.closest(".nbr-token") : null;
+    if (!span) return null;
+    const slot = span.closest(".nbr-item");
+    const partEl = span.closest(".nbr-tokens");
+    const index = Number(slot.dataset.index);
+    const parts = [...slot.querySelectorAll(".nbr-tokens")];
+    const item = store.state.response.output[index];
+    const textParts = (item.content || []).filter((p) => p && Array.isArray(p.logprobs) && p.logprobs.length);
+    const part = textParts[parts.indexOf(partEl)];
+    return part ? { span, lp: part.logprobs[Number(span.dataset.i)] } : null;
+  }
+  function showTip(found) {
+    fillTip(tip, found.lp);
+    tip.hidden = false;
+    const box = root.getBoundingClientRect();
+    const at = found.span.getBoundingClientRect();
+    tip.style.left = `${Math.max(0, Math.min(at.left - box.left, box.width - tip.offsetWidth - 4))}px`;
+    // below the token, or above it when the popover would leave the window
+    const below = at.bottom + 4 + tip.offsetHeight <= window.innerHeight || at.top - tip.offsetHeight - 4 < 0;
+    tip.style.top = `${below ? at.bottom - box.top + 4 : at.top - box.top - tip.offsetHeight - 4}px`;
+    for (const el of root.querySelectorAll(".nbr-token-active")) el.classList.remove("nbr-token-active");
+    found.span.classList.add("nbr-token-active");
+  }
+  function hideTip(force) {
+    if (ui.pinned && !force) return;
+    ui.pinned = null;
+    tip.hidden = true;
+    for (const el of root.querySelectorAll(".nbr-token-active")) el.classList.remove("nbr-token-active");
+  }
+  root.addEventListener("mouseover", (event) => {
+    if (ui.pinned) return;
+    const found = tokenAt(event.target);
+    if (found) showTip(found);
+  });
+  root.addEventListener("mouseout", (event) => {
+    if (!ui.pinned && tokenAt(event.target) && !tokenAt(event.relatedTarget)) hideTip(false);
+  });
+  root.addEventListener("click", (event) => {
+    const found = tokenAt(event.target);
+    if (found) {
+      ui.pinned = found.span;
+      showTip(found);
+    } else if (!tip.contains(event.target)) {
+      hideTip(true);
+    }
+  });
+  root.addEventListener("keydown", (event) => {
+    if (event.key === "Escape") hideTip(true);
+  });
+
+  // for debugging and tests: the element's current copy of the state
+  Object.defineProperty(root, "nbrState", { get: () => store.state });
+  draw();
+  return () => {
+    if (frame !== null) cancelAnimationFrame(frame);
+    store.dispose();
+  };
+}
+
+export default {
+  render({ model, el }) {
+    try {
+      return mount(model, el);
+    } catch (err) {
+      el.replaceChildren(h("div", { class: "nbr-error" }, `nbresponses view failed: ${err.message}`), genericJson(model.get("_snapshot")));
+      return undefined;
+    }
+  },
+};

@@ -1,0 +1,271 @@
+"""The live Responses widget.
+
+Python holds the authoritative state (a folded Response plus timings); the front end holds a
+copy that it keeps current from coalesced patches (at most one message per
+``flush_interval``), asks for a full snapshot when it mounts, and reads the final snapshot from
+a synced trait so that saved widget state renders without a kernel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import pathlib
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anywidget
+import traitlets
+from openai.types.responses import Response
+
+from ._plain import plain
+from .fold import Folder, empty_state
+from .patches import PatchBuffer
+from .sources import Hook, as_async, call_hook, cancel_hooks, classify
+from .static_html import render_html
+from .summary import status_label
+
+STATIC = pathlib.Path(__file__).parent / "static"
+
+
+class ResponseView(anywidget.AnyWidget):
+    """A Responses stream or Response, rendered live; ``await view`` gives the final Response."""
+
+    _esm = STATIC / "widget.js"
+    _css = STATIC / "widget.css"
+    _snapshot = traitlets.Dict().tag(sync=True)
+
+    def __init__(
+        self,
+        source: Any,
+        *,
+        cancel: Hook | None = None,
+        flush_interval: float = 0.05,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        kind = self._kind = classify(source)
+        live = kind in ("async", "async_manager", "sync")
+        self._interrupt, self._closer = cancel_hooks(source, cancel) if live else (None, None)
+        cancellable = live and (self._interrupt is not None or self._closer is not None)
+        self._folder = Folder(empty_state(cancellable), PatchBuffer())
+        self._seq = 0
+        self._flush_interval = flush_interval
+        self._flush_handle: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._exception: BaseException | None = None
+        self._cancelling = False
+        self._final: Response | None = None
+        self._display_ids: list[str] = []
+        self._shown_in: int | None = None
+        self._snapshot = {"seq": 0, "state": plain(self.state)}
+        self.on_msg(self._on_front_end)
+
+        if kind == "response":
+            self._folder.load_response(source)
+            self._finish()
+        elif kind == "events":
+            for event in source:
+                self._folder.apply(event)
+            self._finish(interrupted=self._folder.terminal is None)
+        else:
+            self._start(as_async(source, kind, self._closer if kind == "sync" else None))
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """The authoritative state: ``{"response": <Response as dict>, "view": <timings...>}``."""
+        return self._folder.state
+
+    @property
+    def done(self) -> bool:
+        """Whether the source has ended (completed, failed, interrupted or cancelled)."""
+        return self.state["view"]["phase"] == "done"
+
+    @property
+    def status(self) -> str:
+        """The status as the view shows it, e.g. ``completed`` or ``incomplete (max_tokens)``."""
+        return status_label(self.state)
+
+    @property
+    def response(self) -> Response:
+        """The Response folded so far (the final one once ``done``)."""
+        if self._final is not None:
+            return self._final
+        return _to_response(self.state["response"])
+
+    async def wait(self) -> Response:
+        """Wait for the end of the stream; re-raises an exception raised by the source."""
+        if self._task is not None:
+            await asyncio.shield(self._task)
+        if self._exception is not None:
+            raise self._exception
+        return self.response
+
+    def __await__(self) -> Any:
+        return self.wait().__await__()
+
+    async def cancel(self) -> None:
+        """Stop the stream: call the cancel hook, stop reading, show the view as cancelled."""
+        if self.done or self._cancelling:
+            return
+        self._cancelling = True
+        if self._interrupt is not None:
+            try:
+                await call_hook(self._interrupt)
+            except Exception as exc:
+                self._folder._error({"message": f"cancel hook failed: {exc}"}, "error")
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(self._task)
+
+    def display(self) -> ResponseView:
+        """Show the view in the notebook (HTML fallback included); returns the view."""
+        from IPython.display import display
+
+        data, metadata = self._repr_mimebundle_()
+        display_id = uuid.uuid4().hex
+        self._display_ids.append(display_id)
+        display(data, raw=True, metadata=metadata, display_id=display_id)
+        return self
+
+    # ------------------------------------------------------------------ representations
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        bundle = super()._repr_mimebundle_(**kwargs)
+        data, metadata = bundle if isinstance(bundle, tuple) else (bundle or {}, {})
+        data = {**data, "text/html": render_html(self.state)}
+        return data, metadata
+
+    def _ipython_display_(self, **kwargs: Any) -> None:
+        # show() already displayed the view in this cell; its return value must not add a copy.
+        if self._shown_in is not None and self._shown_in == _execution_count():
+            self._shown_in = None
+            return
+        self.display()
+
+    def __repr__(self) -> str:
+        response = self.state["response"]
+        items = sum(1 for item in response["output"] if item is not None)
+        return f"<ResponseView {response.get('id') or '?'} {self.status}, {items} item(s)>"
+
+    # ------------------------------------------------------------------ streaming
+
+    def _start(self, events: AsyncIterator[Any]) -> None:
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:
+            asyncio.run(self._consume(events))  # no kernel loop (a script): read it all now
+            return
+        self._task = self._loop.create_task(self._consume(events), name="nbresponses-view")
+
+    async def _consume(self, events: AsyncIterator[Any]) -> None:
+        self._loop = asyncio.get_running_loop()
+        apply = self._folder.apply
+        interrupted = True
+        try:
+            async for event in events:
+                apply(event)
+                if self._flush_handle is None:
+                    self._flush_handle = self._loop.call_later(self._flush_interval, self._flush)
+            interrupted = self._folder.terminal is None
+        except asyncio.CancelledError:
+            if not self._cancelling:
+                self._finish(interrupted=True)
+                raise
+            self._mark_cancelled()
+            if self._closer is not None and self._kind != "sync":  # a thread closes its own
+                with contextlib.suppress(Exception):
+                    await call_hook(self._closer)
+            interrupted = False
+        except Exception as exc:
+            self._exception = exc
+            self._folder._set(
+                ["view", "exception"], {"type": type(exc).__name__, "message": str(exc)}
+            )
+        self._finish(interrupted=interrupted)
+
+    def _mark_cancelled(self) -> None:
+        self._folder._set(["view", "cancelled"], True)
+        if self._folder.terminal is None:
+            self._folder._set(["response", "status"], "cancelled")
+
+    def _flush(self) -> None:
+        """Send what changed since the last flush as one patch message."""
+        self._flush_handle = None
+        self._folder.flush_derived()
+        ops = self._folder.patches.take()
+        if ops:
+            self._seq += 1
+            self._post({"kind": "patch", "seq": self._seq, "ops": ops})
+
+    def _finish(self, *, interrupted: bool = False) -> None:
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        self._folder.finish(interrupted=interrupted)
+        ops = self._folder.patches.take()
+        if ops:  # patches alone stay complete; the snapshot (same seq) is for late front ends
+            self._seq += 1
+            self._post({"kind": "patch", "seq": self._seq, "ops": ops})
+        self._final = _to_response(self.state["response"])
+        self._snapshot = {"seq": self._seq, "state": plain(self.state)}
+        self._refresh_displays()
+
+    def _refresh_displays(self) -> None:
+        """Re-publish displays so saved notebooks keep the final HTML fallback."""
+        if not self._display_ids:
+            return
+        from IPython.display import update_display
+
+        data, metadata = self._repr_mimebundle_()
+        for display_id in self._display_ids:
+            update_display(data, raw=True, metadata=metadata, display_id=display_id)
+
+    # ------------------------------------------------------------------ front-end messages
+
+    def _post(self, content: dict[str, Any]) -> None:
+        self.send(content)
+
+    def _on_front_end(self, _widget: Any, content: Any, _buffers: Any) -> None:
+        if not isinstance(content, dict):
+            return
+        kind = content.get("kind")
+        if kind == "sync":
+            if not self.done:
+                self._flush()
+            self._post({"kind": "snapshot", "seq": self._seq, "state": self.state})
+        elif kind == "cancel" and self._loop is not None:
+            self._loop.create_task(self.cancel())
+
+
+def _to_response(data: dict[str, Any]) -> Response:
+    """A Response object from the folded dict, tolerant of fields newer or older SDKs lack."""
+    clean = {**data, "output": [item for item in data.get("output") or [] if item is not None]}
+    return Response.construct(**clean)
+
+
+def _execution_count() -> int | None:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    shell = get_ipython()
+    return getattr(shell, "execution_count", None) if shell is not None else None
+
+
+def show(source: Any, *, cancel: Hook | None = None) -> ResponseView:
+    """Display a live view of a Responses stream or Response and return it.
+
+    ``source``: an async or sync iterator of ``ResponseStreamEvent`` (ours or the openai SDK's
+    ``AsyncStream``/``Stream``), a finished ``Response`` or a list of events (models or dicts).
+    ``cancel``: called (and awaited if it is a coroutine function) by the view's cancel button.
+    """
+    view = ResponseView(source, cancel=cancel)
+    view.display()
+    view._shown_in = _execution_count()
+    return view
