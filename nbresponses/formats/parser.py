@@ -78,6 +78,7 @@ class StreamParser:
         self._held_ws = ""  # whitespace dropped before <tool_call>, restored on fallback
         self._text_open_before_tool = False
         self._begun = False  # the open segment has non-whitespace content
+        self._cuts: list[int] = [self._pos]  # where feed chunks (whole tokens) begin
         if prefill:
             self._pending = prefill
             self._process(final=False)  # events stay queued for the first feed
@@ -89,11 +90,14 @@ class StreamParser:
         return self._state in ("tool", "args", "tail")
 
     def feed(self, text: str) -> list[Event]:
+        self._cuts = [c for c in self._cuts if c >= self._pos]
+        self._cuts.append(self._pos + len(self._pending))
         self._pending += text
         self._process(final=False)
         return self._take()
 
     def finish(self) -> list[Event]:
+        self._cuts.append(self._pos + len(self._pending))
         self._process(final=True)
         if self._state in ("text", "reasoning"):
             self._content(len(self._pending), closing=True)
@@ -167,15 +171,25 @@ class StreamParser:
         self._content(len(self._pending) - hold, closing=False)
 
     def _content(self, n: int, *, closing: bool) -> None:
-        """Emit ``_pending[:n]`` in the current segment, trimming its outer whitespace."""
+        """Emit ``_pending[:n]`` in the current segment, trimming its outer whitespace.
+
+        Trimming stops at chunk boundaries (each ``feed`` is one or more whole tokens), so a
+        token is either wholly in the emitted text or wholly out of it: the tokens attributed
+        to a text part join to exactly its text.
+        """
         kind: Kind = "reasoning" if self._state == "reasoning" else "text"
         chunk = self._pending[:n]
         if not self._begun:
             lead = len(chunk) - len(chunk.lstrip())
-            self._advance(lead)
-            chunk = chunk[lead:]
+            skip = self._last_cut(self._pos, self._pos + lead) - self._pos
+            self._advance(skip)
+            chunk = chunk[skip:]
         body = chunk.rstrip()
-        if body:
+        if closing and body:
+            # keep trailing whitespace up to the next token boundary
+            end = self._pos + len(chunk)
+            body = chunk[: self._first_cut(self._pos + len(body), end) - self._pos]
+        if body.strip():
             if not self._open:
                 self._events.append(Start(kind, self._pos))
                 self._open = True
@@ -183,10 +197,18 @@ class StreamParser:
             self._advance(len(body))
             self._events.append(Delta(kind, body, self._pos))
         if closing:
-            self._advance(len(chunk) - len(body))
+            self._advance(len(chunk) - (len(body) if body.strip() else 0))
             if self._open:
                 self._events.append(End(kind, self._pos))
                 self._open = self._begun = False
+
+    def _last_cut(self, low: int, high: int) -> int:
+        """The last chunk boundary in [low, high] (``low`` when there is none)."""
+        return max((c for c in self._cuts if low <= c <= high), default=low)
+
+    def _first_cut(self, low: int, high: int) -> int:
+        """The first chunk boundary in [low, high] (``high`` when there is none)."""
+        return min((c for c in self._cuts if low <= c <= high), default=high)
 
     def _step_tool(self) -> None:
         match = _HEAD.match(self._pending)
