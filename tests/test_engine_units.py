@@ -1,0 +1,111 @@
+"""Engine building blocks on their own: sampling, logprobs, detokenizer, prefix cache, batch KV."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from nbresponses.engine import sampling
+from nbresponses.engine.detokenize import IncrementalDetokenizer
+from nbresponses.engine.kv import BatchKV, KVLayout
+from nbresponses.engine.prefix_cache import PrefixCache
+from nbresponses.engine.types import SamplingParams
+
+
+def test_log_softmax_matches_torch():
+    import torch
+
+    logits = np.random.default_rng(0).normal(0, 8, 49152).astype(np.float32)
+    expected = torch.log_softmax(torch.from_numpy(logits), -1).numpy()
+    np.testing.assert_allclose(sampling.log_softmax(logits), expected, atol=1e-5)
+
+
+def test_token_logprob_top_alternatives():
+    logits = np.array([1.0, 3.0, 2.0, 3.0, -1.0], np.float32)
+    lp = sampling.token_logprob(logits, 2, top=3)
+    logp = sampling.log_softmax(logits)
+    assert lp.logprob == pytest.approx(float(logp[2]))
+    assert [t for t, _ in lp.top] == [1, 3, 2]  # ties: lower id first
+
+
+def test_filters_that_leave_one_token_are_greedy():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        logits = rng.normal(0, 3, 1000).astype(np.float32)
+        best = int(np.argmax(logits))
+        assert sampling.choose(logits, SamplingParams(top_k=1), rng) == best
+        assert sampling.choose(logits, SamplingParams(top_p=1e-6), rng) == best
+
+
+def test_sampling_follows_the_tempered_filtered_distribution():
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05], np.float32))
+    rng = np.random.default_rng(1)
+    n = 20000
+
+    def freq(params):
+        draws = [sampling.choose(logits, params, rng) for _ in range(n)]
+        return np.bincount(draws, minlength=4) / n
+
+    np.testing.assert_allclose(freq(SamplingParams()), [0.5, 0.3, 0.15, 0.05], atol=0.015)
+    np.testing.assert_allclose(freq(SamplingParams(top_k=2)), [0.625, 0.375, 0, 0], atol=0.015)
+    np.testing.assert_allclose(freq(SamplingParams(top_p=0.7)), [0.625, 0.375, 0, 0], atol=0.015)
+    hot = np.array([0.5, 0.3, 0.15, 0.05]) ** 2
+    np.testing.assert_allclose(freq(SamplingParams(temperature=0.5)), hot / hot.sum(), atol=0.015)
+
+
+def test_same_seed_same_draws():
+    logits = np.random.default_rng(3).normal(0, 2, 5000).astype(np.float32)
+    params = SamplingParams(temperature=0.8, top_p=0.9, seed=42)
+    a = [sampling.choose(logits, params, r) for r in [sampling.make_rng(params)] * 30]
+    b = [sampling.choose(logits, params, r) for r in [sampling.make_rng(params)] * 30]
+    assert a == b and len(set(a)) > 1
+
+
+def test_detokenizer_never_splits_characters(tokenizer):
+    text = "Hé! 你好世界 🌊🐚 naïve café — ok\n  done"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    detok = IncrementalDetokenizer(tokenizer)
+    deltas = [detok.feed([t]) for t in ids]
+    deltas.append(detok.flush())
+    assert "".join(deltas) == tokenizer.decode(ids)
+    assert not any("\ufffd" in d for d in deltas)
+    assert sum(1 for d in deltas if d == "") > 0  # some tokens held back partial characters
+
+
+def test_detokenizer_skips_special_tokens(tokenizer):
+    ids = [*tokenizer.encode("Paris.", add_special_tokens=False), tokenizer.eos_token_id]
+    detok = IncrementalDetokenizer(tokenizer)
+    assert "".join(detok.feed([t]) for t in ids) + detok.flush() == "Paris."
+
+
+def _row(tokens: int, fill: float) -> list[np.ndarray]:
+    return [np.full((2, tokens, 4), fill + i, np.float32) for i in range(3)]
+
+
+def test_prefix_cache_longest_match_and_lru():
+    per_token = 3 * 2 * 4 * 4
+    cache = PrefixCache(budget_bytes=per_token * 10)
+    cache.store((1, 2, 3, 4), _row(4, 0))
+    cache.store((1, 2, 9), _row(3, 10))
+    k, kv = cache.lookup((1, 2, 3, 4, 5))
+    assert k == 4 and kv[0].shape == (2, 4, 4) and kv[0][0, 0, 0] == 0
+    k, kv = cache.lookup((1, 2, 9, 7))
+    assert k == 3 and kv[1][0, 0, 0] == 11
+    assert cache.lookup((1, 2, 3, 4))[0] == 3  # one token always left to compute
+    assert cache.lookup((5, 6)) == (0, None)
+    cache.store((1, 2, 3, 4, 5), _row(5, 20))  # supersedes (1, 2, 3, 4); evicts LRU beyond budget
+    assert cache.nbytes <= per_token * 10
+    assert (1, 2, 3, 4) not in cache._entries
+
+
+def test_batch_kv_left_padding_merge_and_trim():
+    layout = KVLayout(("a", "b"), ("pa", "pb"), kv_heads=2, head_dim=4, dtype=np.dtype("float32"))
+    kv = BatchKV(layout)
+    kv.add([np.ones((2, 3, 4), np.float32)] * 2)
+    kv.add([np.full((2, 5, 4), 2, np.float32)] * 2)
+    assert kv.pads == [2, 0] and kv.length == 5
+    np.testing.assert_array_equal(kv.attention_mask(), [[0, 0, 1, 1, 1, 1], [1] * 6])
+    np.testing.assert_array_equal(kv.positions(), [[3], [5]])
+    assert kv.row(0)[0].shape == (2, 3, 4) and (kv.row(0)[0] == 1).all()
+    kv.remove([1])  # the long row leaves: padding columns go
+    assert kv.pads == [0] and kv.length == 3 and kv.inputs()[0].shape == (1, 2, 3, 4)
