@@ -176,7 +176,9 @@ def _hermes(
         if m["role"] == "assistant" and m.get("tool_calls"):
             blocks = [
                 f"{TOOL_OPEN}\n"
-                + json.dumps({"name": c["name"], "arguments": _arguments(c["arguments"])})
+                + json.dumps(
+                    {"name": c["name"], "arguments": _arguments(c["arguments"])}, ensure_ascii=False
+                )
                 + "\n</tool_call>"
                 for c in m.pop("tool_calls")
             ]
@@ -194,7 +196,9 @@ def _hermes(
     for m in out:
         m.pop("_tool_results", None)
     if tools:
-        prompt = HERMES_TOOL_PROMPT.format(tools="\n".join(json.dumps(t) for t in tools))
+        prompt = HERMES_TOOL_PROMPT.format(
+            tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+        )
         if out and out[0]["role"] == "system":
             out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{prompt}"}
         else:

@@ -76,6 +76,7 @@ class StreamParser:
         self._in_string = False
         self._escape = False
         self._held_ws = ""  # whitespace dropped before <tool_call>, restored on fallback
+        self._block_start = 0  # where that whitespace (then the block) begins
         self._text_open_before_tool = False
         self._begun = False  # the open segment has non-whitespace content
         self._cuts: list[int] = [self._pos]  # where feed chunks (whole tokens) begin
@@ -148,6 +149,7 @@ class StreamParser:
             if tag == TOOL_OPEN:
                 self._content(i, closing=False)
                 # whitespace left before the tag
+                self._block_start = self._pos
                 self._held_ws = self._advance(i - (size - len(self._pending)))
                 self._text_open_before_tool = self._open
                 self._raw = self._advance(len(tag))
@@ -308,7 +310,11 @@ class StreamParser:
             self._name = name
             self._advance(consumed)
             self._start_call()
-            args = arguments if isinstance(arguments, str) else json.dumps(arguments)
+            args = (
+                arguments
+                if isinstance(arguments, str)
+                else json.dumps(arguments, ensure_ascii=False)
+            )
             self._events.append(Delta("tool_call", args, self._pos))
             self._events.append(End("tool_call", self._pos, arguments=args, valid=True))
             self._reset_block()
@@ -319,8 +325,7 @@ class StreamParser:
         self._advance(consumed)
         self._reset_block()
         if not was_open:
-            text = text.lstrip()
-            self._events.append(Start("text", self._pos))
+            self._events.append(Start("text", self._block_start))
         self._open = self._begun = True
         self._events.append(Delta("text", text, self._pos))
 

@@ -123,7 +123,8 @@ class ResponseRun:
                 taken = take(ev.end)
                 if ev.kind == "reasoning":
                     counts["reasoning"] += len(taken)
-                elif ev.kind == "text":
+                elif ev.kind == "text" and isinstance(ev, Delta):
+                    # tokens before a text Start were trimmed whitespace: not part of the text
                     carry.extend(lp for lp in taken if lp is not None)
                 if isinstance(ev, Start):
                     if ev.kind == "text":
