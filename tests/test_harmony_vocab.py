@@ -128,6 +128,6 @@ def test_unloadable_folder_gives_the_explanation(
         raise RuntimeError("failed to download")
 
     monkeypatch.setattr(enc_mod, "load_harmony_encoding", fail)
-    with pytest.raises(HarmonyVocabularyError, match="no o200k_base.tiktoken there") as info:
+    with pytest.raises(HarmonyVocabularyError, match=r"no o200k_base\.tiktoken there") as info:
         enc_mod._load(str(tmp_path / "empty"))
     assert "quicktok-v1" in str(info.value)
