@@ -36,3 +36,13 @@ def fields(event: Any) -> dict[str, Any]:
         extra = event.__pydantic_extra__
         return {**event.__dict__, **extra} if extra else event.__dict__
     raise TypeError(f"not an event: {type(event).__name__}")
+
+
+def clone(value: Any) -> Any:
+    """A deep copy of data that is already plain JSON (faster than :func:`plain`)."""
+    kind = type(value)
+    if kind is dict:
+        return {k: clone(v) for k, v in value.items()}
+    if kind is list:
+        return [clone(v) for v in value]
+    return value

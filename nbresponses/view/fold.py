@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._plain import fields, plain
+from ._plain import clone, fields, plain
 from .patches import PatchBuffer
 
 TERMINAL = {
@@ -207,7 +207,7 @@ class Folder:
             target.append(value)
         else:
             target[last] = value
-        self.patches.set(path, plain(value) if isinstance(value, (dict, list)) else value)
+        self.patches.set(path, clone(value))
 
     def _meta(self, index: int) -> dict[str, Any]:
         items = self.state["view"]["items"]
@@ -448,8 +448,27 @@ class Folder:
         elif isinstance(output, list):
             _keep_all_logprobs(current["output"], output)
         response.setdefault("status", TERMINAL[kind])
-        self._replace_response({**current, **response})
+        self._update_response(response)
         self.terminal = TERMINAL[kind]
+
+    def _update_response(self, response: dict[str, Any]) -> None:
+        """Record only what the final response changes: usually status and usage, not the
+        (already streamed) output, which would otherwise be copied and sent a second time."""
+        current = self.state["response"]
+        for key, value in response.items():
+            if key != "output" and current.get(key) != value:
+                self._set(["response", key], value)
+        output = response.get("output")
+        if not isinstance(output, list):
+            return
+        if len(output) != len(current["output"]):
+            self._set(["response", "output"], output)
+        else:
+            for index, item in enumerate(output):
+                if current["output"][index] != item:
+                    self._set(["response", "output", index], item)
+        for index in range(len(output)):
+            self._meta(index)
 
     def _replace_response(self, response: dict[str, Any]) -> None:
         response.setdefault("output", [])

@@ -22,6 +22,7 @@ from openai.types.responses import Response
 from ._plain import plain
 from .fold import Folder, empty_state
 from .patches import PatchBuffer
+from .response import to_response
 from .sources import Hook, as_async, call_hook, cancel_hooks, classify
 from .static_html import render_html
 from .summary import status_label
@@ -95,12 +96,19 @@ class ResponseView(anywidget.AnyWidget):
         """The Response folded so far (the final one once ``done``)."""
         if self._final is not None:
             return self._final
-        return _to_response(self.state["response"])
+        response = to_response(self.state["response"])
+        if self.done:
+            self._final = response  # built once, on demand: large logprob lists are not free
+        return response
 
     async def wait(self) -> Response:
         """Wait for the end of the stream; re-raises an exception raised by the source."""
         if self._task is not None:
-            await asyncio.shield(self._task)
+            try:
+                await asyncio.shield(self._task)
+            except asyncio.CancelledError:
+                if not (self._cancelling and self._task.cancelled()):
+                    raise  # we are being cancelled ourselves, not the stream
         if self._exception is not None:
             raise self._exception
         return self.response
@@ -122,6 +130,10 @@ class ResponseView(anywidget.AnyWidget):
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.shield(self._task)
+        if not self.done:  # cancelled before the task ever ran
+            self._mark_cancelled()
+            await self._close_source()
+            self._finish()
 
     def display(self) -> ResponseView:
         """Show the view in the notebook (HTML fallback included); returns the view."""
@@ -178,9 +190,7 @@ class ResponseView(anywidget.AnyWidget):
                 self._finish(interrupted=True)
                 raise
             self._mark_cancelled()
-            if self._closer is not None and self._kind != "sync":  # a thread closes its own
-                with contextlib.suppress(Exception):
-                    await call_hook(self._closer)
+            await self._close_source()
             interrupted = False
         except Exception as exc:
             self._exception = exc
@@ -188,6 +198,12 @@ class ResponseView(anywidget.AnyWidget):
                 ["view", "exception"], {"type": type(exc).__name__, "message": str(exc)}
             )
         self._finish(interrupted=interrupted)
+
+    async def _close_source(self) -> None:
+        """Release a cancelled source (a sync source's thread closes it itself)."""
+        if self._closer is not None and self._kind != "sync":
+            with contextlib.suppress(Exception):
+                await call_hook(self._closer)
 
     def _mark_cancelled(self) -> None:
         self._folder._set(["view", "cancelled"], True)
@@ -212,8 +228,8 @@ class ResponseView(anywidget.AnyWidget):
         if ops:  # patches alone stay complete; the snapshot (same seq) is for late front ends
             self._seq += 1
             self._post({"kind": "patch", "seq": self._seq, "ops": ops})
-        self._final = _to_response(self.state["response"])
-        self._snapshot = {"seq": self._seq, "state": plain(self.state)}
+        # no copy: the state no longer changes once the stream is done
+        self._snapshot = {"seq": self._seq, "state": self.state}
         self._refresh_displays()
 
     def _refresh_displays(self) -> None:
@@ -241,12 +257,6 @@ class ResponseView(anywidget.AnyWidget):
             self._post({"kind": "snapshot", "seq": self._seq, "state": self.state})
         elif kind == "cancel" and self._loop is not None:
             self._loop.create_task(self.cancel())
-
-
-def _to_response(data: dict[str, Any]) -> Response:
-    """A Response object from the folded dict, tolerant of fields newer or older SDKs lack."""
-    clean = {**data, "output": [item for item in data.get("output") or [] if item is not None]}
-    return Response.construct(**clean)
 
 
 def _execution_count() -> int | None:
