@@ -38,7 +38,7 @@ async def stream_events(client, **kwargs) -> list:
 
 
 def prompt_text(tokenizer, source, call: int = -1) -> str:
-    return tokenizer.decode(source.prompts[call])
+    return tokenizer.decode(source.prompts[call], clean_up_tokenization_spaces=False)
 
 
 # -- text, folding, logprobs ---------------------------------------------------------------
