@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,20 @@ __all__ = [
 ]
 
 _REPO = Path(__file__).resolve().parents[1]
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that also reads YAML 1.2 floats without a dot (``-2e-6``) as floats.
+
+    PyYAML follows YAML 1.1, where ``-2e-6`` is a string; the cassettes hold such logprobs.
+    """
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
 
 
 def fixtures_dir() -> Path:
@@ -88,7 +103,7 @@ def _classify_text(text: str) -> tuple[str, Any]:
 
 
 def _cassette_bodies(path: Path) -> list[tuple[str, str, Any]]:
-    doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    doc = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
     interactions = doc.get("interactions") or []
     bodies = [b for b in map(_body, interactions) if b is not None]
     if len(bodies) == 1:

@@ -1,0 +1,26 @@
+"""DataFrames of Responses API traffic: token logprobs, top-k alternatives, usage, timelines.
+
+Depends on ``openai.types`` shapes (objects or their JSON dicts), pandas and numpy only, so it
+works on traffic from OpenAI, vLLM or this package's engine alike.
+"""
+
+from .analysis import classification_confidence, perplexity, sequence_logprob
+from .events import EVENTS_COLUMNS, events_frame
+from .heatmap import logprobs_heatmap
+from .logprobs import LOGPROBS_COLUMNS, TOP_LOGPROBS_COLUMNS, logprobs_frame, top_logprobs_frame
+from .usage import USAGE_COLUMNS, usage_frame
+
+__all__ = [
+    "EVENTS_COLUMNS",
+    "LOGPROBS_COLUMNS",
+    "TOP_LOGPROBS_COLUMNS",
+    "USAGE_COLUMNS",
+    "classification_confidence",
+    "events_frame",
+    "logprobs_frame",
+    "logprobs_heatmap",
+    "perplexity",
+    "sequence_logprob",
+    "top_logprobs_frame",
+    "usage_frame",
+]

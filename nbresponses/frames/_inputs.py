@@ -1,0 +1,113 @@
+"""Turn whatever a user hands a frame function into Responses and streams.
+
+Accepted: a Response; a stream event; an iterable of any of these, nested iterables (each one
+its own group), and ``(receive_time, event)`` pairs. Receive times may instead come as a
+``times=`` sequence parallel to a flat iterable. Consecutive events form streams; a stream
+ends where the next one begins (``response.created``/``response.queued``, or a
+``sequence_number`` that does not increase), so concatenated recordings split correctly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from numbers import Real
+from typing import Any
+
+from ._access import field as get
+from ._access import kind_of
+
+__all__ = ["ResponseSource", "Source", "StreamSource", "collect"]
+
+_STARTS = frozenset({"response.created", "response.queued"})
+
+
+@dataclass
+class ResponseSource:
+    """A complete (non-streamed, or already folded) Response."""
+
+    response: Any
+
+
+@dataclass
+class StreamSource:
+    """The events of one stream in arrival order, with receive times (NaN when unknown)."""
+
+    index: int
+    events: list[Any] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+
+
+Source = ResponseSource | StreamSource
+
+
+def _is_pair(obj: Any) -> bool:
+    return (
+        isinstance(obj, tuple)
+        and len(obj) == 2
+        and isinstance(obj[0], Real)
+        and not isinstance(obj[0], bool)
+        and kind_of(obj[1]) == "event"
+    )
+
+
+def _is_group(obj: Any) -> bool:
+    return isinstance(obj, Iterable) and not isinstance(obj, (str, bytes, Mapping))
+
+
+class _Collector:
+    def __init__(self) -> None:
+        self.sources: list[Source] = []
+        self.stream: StreamSource | None = None
+        self.streams = 0
+        self.last_seq: int | None = None
+
+    def end_stream(self) -> None:
+        self.stream = None
+        self.last_seq = None
+
+    def add_event(self, event: Any, time: float) -> None:
+        seq = get(event, "sequence_number")
+        restart = self.last_seq is not None and isinstance(seq, int) and seq <= self.last_seq
+        if self.stream is not None and (restart or get(event, "type") in _STARTS):
+            self.end_stream()
+        if self.stream is None:
+            self.stream = StreamSource(index=self.streams)
+            self.streams += 1
+            self.sources.append(self.stream)
+        self.stream.events.append(event)
+        self.stream.times.append(time)
+        if isinstance(seq, int):
+            self.last_seq = seq
+
+    def add(self, obj: Any, time: float = math.nan) -> None:
+        if _is_pair(obj):
+            self.add_event(obj[1], float(obj[0]))
+            return
+        kind = kind_of(obj)
+        if kind == "event":
+            self.add_event(obj, time)
+        elif kind == "response":
+            self.end_stream()
+            self.sources.append(ResponseSource(obj))
+        elif _is_group(obj):
+            self.end_stream()
+            for item in obj:
+                self.add(item)
+            self.end_stream()
+        # anything else (unknown item or event shapes) is skipped, never fatal
+
+
+def collect(obj: Any, times: Sequence[float] | None = None) -> list[Source]:
+    """Responses and streams found in ``obj``, in input order."""
+    collector = _Collector()
+    if times is None:
+        collector.add(obj)
+        return collector.sources
+    items = [obj] if kind_of(obj) != "unknown" else list(obj)
+    if len(items) != len(times):
+        raise ValueError(f"times= has {len(times)} entries for {len(items)} events")
+    for item, time in zip(items, times, strict=True):
+        collector.add(item, math.nan if time is None else float(time))
+    return collector.sources

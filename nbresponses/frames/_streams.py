@@ -1,0 +1,43 @@
+"""Per-stream facts shared by the events and usage frames: response id and receive times."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ._access import field
+from ._inputs import StreamSource
+
+__all__ = ["first_time", "stream_response", "stream_response_id"]
+
+_LIFECYCLE_ORDER = {
+    "response.created": 0,
+    "response.queued": 0,
+    "response.in_progress": 1,
+    "response.completed": 2,
+    "response.failed": 2,
+    "response.incomplete": 2,
+}
+
+
+def stream_response(stream: StreamSource) -> Any | None:
+    """The most final Response snapshot the stream carries (terminal > in_progress > created)."""
+    best, best_rank = None, -1
+    for event in stream.events:
+        rank = _LIFECYCLE_ORDER.get(field(event, "type"), -1)
+        snapshot = field(event, "response")
+        if rank > best_rank and snapshot is not None:
+            best, best_rank = snapshot, rank
+    return best
+
+
+def stream_response_id(stream: StreamSource) -> str | None:
+    for event in stream.events:
+        rid = field(field(event, "response"), "id") if field(event, "response") else None
+        if rid is not None:
+            return rid
+    return None
+
+
+def first_time(times: list[float]) -> float:
+    return next((t for t in times if not math.isnan(t)), math.nan)

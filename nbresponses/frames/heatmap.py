@@ -1,0 +1,47 @@
+"""Tokens coloured by probability, as a pandas Styler (renders in Jupyter, exports to HTML)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+from pandas.io.formats.style import Styler
+
+from ._colors import text_colors, viridis
+from .logprobs import logprobs_frame
+
+__all__ = ["logprobs_heatmap"]
+
+_SHOWN = ["response_id", "position", "text", "prob", "logprob", "rank", "runner_up", "margin"]
+
+
+def _visible(text: str) -> str:
+    """Make whitespace tokens visible; a heat-map cell of spaces says nothing."""
+    return text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥") if text else "∅"
+
+
+def logprobs_heatmap(obj: Any, *, max_rows: int | None = 2000) -> Styler:
+    """A Styler of the tokens of ``obj`` with ``text`` and ``prob`` cells coloured by ``prob``.
+
+    Colours are viridis (dark purple = unlikely, yellow = likely), readable with colour-vision
+    deficiencies; whitespace shows as ␣ ↵ ⇥ and empty text (part of a multi-byte character)
+    as ∅. ``obj`` is anything :func:`logprobs_frame` accepts, or its frame. ``max_rows`` caps
+    the rows rendered (None for all). ``.to_html()`` gives standalone HTML.
+    """
+    frame = obj if isinstance(obj, pd.DataFrame) else logprobs_frame(obj)
+    shown = frame[_SHOWN].head(max_rows) if max_rows is not None else frame[_SHOWN]
+    shown = shown.assign(text=shown["text"].map(_visible, na_action="ignore"))
+    probs = shown["prob"].to_numpy(dtype=float)
+    css = [
+        f"background-color: {bg}; color: {fg}; white-space: pre"
+        for bg, fg in zip(viridis(probs), text_colors(probs), strict=True)
+    ]
+
+    def colour(column: pd.Series) -> list[str]:
+        return css if column.name in ("text", "prob") else [""] * len(column)
+
+    styler = shown.style.apply(colour, axis=0).hide(axis="index")
+    styler = styler.format(
+        {"prob": "{:.3f}", "logprob": "{:.3f}", "margin": "{:.3f}"}, na_rep="", escape="html"
+    )
+    return styler.set_caption("token probability: viridis, dark = unlikely, yellow = likely")

@@ -1,0 +1,241 @@
+"""Token logprobs as DataFrames: one row per generated token, and the long top-k form."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ._access import field, getter
+from ._columns import categorical, nullable_int, repeat_categorical, string
+from ._fold import Part, iter_parts
+from ._gc import gc_paused
+from ._inputs import collect
+from ._topk import TopK, flat_tokens, row_stats, top_matrix
+from ._utf8 import part_text
+
+__all__ = ["LOGPROBS_COLUMNS", "TOP_LOGPROBS_COLUMNS", "logprobs_frame", "top_logprobs_frame"]
+
+#: column -> dtype of :func:`logprobs_frame` (``category`` columns hold strings)
+LOGPROBS_COLUMNS: dict[str, str] = {
+    "response_id": "category",
+    "item_id": "category",
+    "output_index": "int32",
+    "content_index": "int32",
+    "position": "int64",
+    "token": "category",
+    "text": "str",
+    "bytes": "object",
+    "byte_offset": "int64",
+    "char_offset": "int64",
+    "logprob": "float64",
+    "prob": "float64",
+    "rank": "Int16",
+    "n_top": "int16",
+    "runner_up": "category",
+    "runner_up_logprob": "float64",
+    "margin": "float64",
+    "topk_entropy": "float64",
+    "topk_mass": "float64",
+}
+
+#: column -> dtype of :func:`top_logprobs_frame`
+TOP_LOGPROBS_COLUMNS: dict[str, str] = {
+    "response_id": "category",
+    "item_id": "category",
+    "output_index": "int32",
+    "content_index": "int32",
+    "position": "int64",
+    "rank": "int16",
+    "token": "category",
+    "logprob": "float64",
+    "prob": "float64",
+    "chosen": "bool",
+}
+
+NO_LOGPROBS_HINT = (
+    "no token logprobs found. Ask for them with "
+    'responses.create(..., include=["message.output_text.logprobs"], top_logprobs=5) '
+    "(top_logprobs: 0-20 alternatives per token)."
+)
+
+
+@dataclass
+class _Tokens:
+    """Raw per-token columns gathered from all parts, before any pandas work."""
+
+    parts: list[Part]
+    counts: np.ndarray
+    tokens: np.ndarray
+    logprobs: np.ndarray
+    raw_bytes: list[Any]
+    tops: list[Any]
+
+
+_ENTRY_FIELDS = ("token", "logprob", "bytes", "top_logprobs")
+
+
+def _read_entries(entries: list[Any]) -> tuple[Sequence[Any], ...]:
+    """token, logprob, bytes and top_logprobs columns of one part's logprob entries."""
+    try:
+        rows = list(map(getter(entries[0], *_ENTRY_FIELDS), entries))
+        tokens, logprobs, raw, tops = zip(*rows, strict=True)
+    except (KeyError, AttributeError):  # stream deltas have no bytes; odd servers omit more
+        tokens = tuple(field(e, "token", "") for e in entries)
+        logprobs = tuple(field(e, "logprob", math.nan) for e in entries)
+        raw = tuple(field(e, "bytes") for e in entries)
+        tops = tuple(field(e, "top_logprobs", ()) for e in entries)
+    if None in tops:
+        tops = tuple(t or () for t in tops)
+    return tokens, logprobs, raw, tops
+
+
+def _gather(obj: Any, times: Any = None) -> _Tokens:
+    parts = list(iter_parts(collect(obj, times)))
+    tokens: list[Any] = []
+    logprobs: list[Any] = []
+    raw: list[Any] = []
+    tops: list[Any] = []
+    for part in parts:
+        part_tokens, part_logprobs, part_raw, part_tops = _read_entries(part.entries)
+        tokens += part_tokens
+        logprobs += part_logprobs
+        raw += part_raw
+        tops += part_tops
+    token_array = np.empty(len(tokens), dtype=object)
+    token_array[:] = tokens
+    return _Tokens(
+        parts=parts,
+        counts=np.fromiter((len(p.entries) for p in parts), dtype=np.int64, count=len(parts)),
+        tokens=token_array,
+        logprobs=np.array(logprobs, dtype=np.float64),
+        raw_bytes=raw,
+        tops=tops,
+    )
+
+
+def _part_columns(data: _Tokens, counts: np.ndarray) -> dict[str, Any]:
+    """response_id, item_id, output_index, content_index repeated over ``counts`` rows/part."""
+    parts = data.parts
+    return {
+        "response_id": repeat_categorical([p.response_id for p in parts], counts),
+        "item_id": repeat_categorical([p.item_id for p in parts], counts),
+        "output_index": np.repeat(np.array([p.output_index for p in parts], np.int32), counts),
+        "content_index": np.repeat(np.array([p.content_index for p in parts], np.int32), counts),
+    }
+
+
+def _positions(counts: np.ndarray) -> np.ndarray:
+    total = int(counts.sum())
+    return np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+
+
+def _text_columns(data: _Tokens) -> dict[str, Any]:
+    chunks: list[bytes] = []
+    texts: list[str] = []
+    char_offsets, byte_offsets = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    start = 0
+    for count in data.counts.tolist():
+        stop = start + count
+        part = part_text(data.tokens[start:stop].tolist(), data.raw_bytes[start:stop])
+        chunks += part[0]
+        texts += part[1]
+        char_offsets.append(part[2])
+        byte_offsets.append(part[3])
+        start = stop
+    byte_column = np.empty(len(chunks), dtype=object)
+    byte_column[:] = chunks
+    return {
+        "text": string(texts),
+        "bytes": byte_column,
+        "byte_offset": np.concatenate(byte_offsets),
+        "char_offset": np.concatenate(char_offsets),
+    }
+
+
+def _warn_if_empty(n: int) -> None:
+    if n == 0:
+        warnings.warn(NO_LOGPROBS_HINT, UserWarning, stacklevel=3)
+
+
+def logprobs_frame(obj: Any, *, times: Iterable[float] | None = None) -> pd.DataFrame:
+    """One row per generated token of every output_text part in ``obj``.
+
+    ``obj``: a Response, a stream event, ``(time, event)`` pairs, JSON dicts of these, or any
+    (nested) iterable mixing them. A stream gives the same frame as its folded Response
+    (parts come from the terminal Response if present, else ``output_text.done``, else deltas).
+    Columns and dtypes are :data:`LOGPROBS_COLUMNS`; the index is a RangeIndex, rows are
+    keyed by ``(response_id, output_index, content_index, position)``.
+
+    ``text`` is what each token adds to the decoded text (a token holding part of a UTF-8
+    character gets ``""`` and the token completing it gets the character), so
+    ``"".join(text)`` over a part is its text and ``char_offset`` indexes into it. ``rank`` is
+    1-based among the returned alternatives (NA when the token is not among them);
+    ``runner_up`` is the likeliest other alternative, ``margin = logprob - runner_up_logprob``.
+    ``topk_entropy = -Σ p·log p`` over the returned alternatives only (nats): a lower bound on
+    the full-vocabulary entropy; ``topk_mass = Σ p`` says how much of the distribution they
+    cover. Without logprobs the frame is empty (full schema) and a ``UserWarning`` says how to
+    request them.
+    """
+    with gc_paused():
+        data = _gather(obj, times)
+        _warn_if_empty(len(data.tokens))
+        return pd.DataFrame(_token_columns(data), copy=False)
+
+
+def _token_columns(data: _Tokens) -> dict[str, Any]:
+    stats = row_stats(top_matrix(data.tops, data.tokens, data.logprobs), data.logprobs)
+    return {
+        **_part_columns(data, data.counts),
+        "position": _positions(data.counts),
+        "token": categorical(data.tokens),
+        **_text_columns(data),
+        "logprob": data.logprobs,
+        "prob": np.exp(data.logprobs),
+        "rank": nullable_int(stats["rank"], "Int16"),
+        "n_top": stats["n_top"].astype(np.int16),
+        "runner_up": categorical(stats["runner_up"]),
+        "runner_up_logprob": stats["runner_up_logprob"],
+        "margin": stats["margin"],
+        "topk_entropy": stats["topk_entropy"],
+        "topk_mass": stats["topk_mass"],
+    }
+
+
+def _top_frame(data: _Tokens, top: TopK) -> pd.DataFrame:
+    per_token = top.counts
+    part_of_token = np.repeat(np.arange(len(data.parts)), data.counts)
+    alternatives_per_part = np.bincount(
+        part_of_token, weights=per_token, minlength=len(data.parts)
+    ).astype(np.int64)
+    rows, cols = top.rows, top.cols
+    logprobs = top.matrix[rows, cols]
+    columns = {
+        **_part_columns(data, alternatives_per_part),
+        "position": np.repeat(_positions(data.counts), per_token),
+        "rank": top.rank[rows, cols].astype(np.int16),
+        "token": categorical(flat_tokens(top)),
+        "logprob": logprobs,
+        "prob": np.exp(logprobs),
+        "chosen": top.chosen[rows] == cols,
+    }
+    return pd.DataFrame(columns, copy=False)
+
+
+def top_logprobs_frame(obj: Any, *, times: Iterable[float] | None = None) -> pd.DataFrame:
+    """Long form of the alternatives: one row per (token position, returned alternative).
+
+    Same inputs as :func:`logprobs_frame`. Columns and dtypes are :data:`TOP_LOGPROBS_COLUMNS`;
+    ``rank`` is 1-based by descending logprob and ``chosen`` marks the generated token, so
+    ``frame[frame.chosen]`` lines up with ``logprobs_frame(obj)`` on
+    ``(response_id, output_index, content_index, position)``. RangeIndex.
+    """
+    with gc_paused():
+        data = _gather(obj, times)
+        _warn_if_empty(len(data.tokens))
+        return _top_frame(data, top_matrix(data.tops, data.tokens, data.logprobs))
