@@ -109,6 +109,9 @@ class ResponseView(anywidget.AnyWidget):
             except asyncio.CancelledError:
                 if not (self._cancelling and self._task.cancelled()):
                     raise  # we are being cancelled ourselves, not the stream
+        # Re-publish from the awaiting cell too: the update sent when the stream ended carries
+        # the parent of the cell that started it, which front ends may no longer route.
+        self._refresh_displays()
         if self._exception is not None:
             raise self._exception
         return self.response
