@@ -196,3 +196,12 @@ def test_no_warning_when_logprobs_exist() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         logprobs_frame(_three_alternatives())
+
+
+def test_null_alternatives_read_as_none_returned() -> None:
+    data = response(message([[logprob("a", -0.1, [("a", -0.1)]), logprob("b", -0.2)]]))
+    data = data.model_dump(mode="json")
+    data["output"][0]["content"][0]["logprobs"][1]["top_logprobs"] = None
+    frame = logprobs_frame(data)
+    assert frame["n_top"].tolist() == [1, 0] and frame["rank"].tolist() == [1, pd.NA]
+    assert top_logprobs_frame(data)["position"].tolist() == [0]

@@ -111,15 +111,28 @@ def top_counts(matrix: np.ndarray) -> np.ndarray:
     return (~np.isnan(matrix)).sum(axis=1)
 
 
-def top_matrix(tops: Sequence[Sequence[Any]], tokens: np.ndarray, logprobs: np.ndarray) -> TopK:
-    """Read the alternatives of n tokens into a :class:`TopK`."""
-    n = len(tops)
-    counts = np.fromiter(map(len, tops), dtype=np.int64, count=n)
-    matrix = _logprob_matrix(tops, counts)
-    kmax = matrix.shape[1]
+def _ranks(matrix: np.ndarray) -> np.ndarray:
+    """1-based rank of each alternative; APIs send them sorted, which skips the sort."""
+    n, kmax = matrix.shape
+    filled = np.where(np.isnan(matrix), -np.inf, matrix)
+    if (filled[:, :-1] >= filled[:, 1:]).all():
+        return np.broadcast_to(np.arange(1, kmax + 1, dtype=np.int64), (n, kmax))
     order = np.argsort(-matrix, axis=1, kind="stable")  # NaN padding sorts last
     rank = np.empty_like(order)
     np.put_along_axis(rank, order, np.arange(1, kmax + 1)[None, :], axis=1)
+    return rank
+
+
+def top_matrix(tops: Sequence[Sequence[Any]], tokens: np.ndarray, logprobs: np.ndarray) -> TopK:
+    """Read the alternatives of n tokens into a :class:`TopK`."""
+    n = len(tops)
+    try:
+        counts = np.fromiter(map(len, tops), dtype=np.int64, count=n)
+    except TypeError:  # None where a token has no alternatives (stream deltas)
+        tops = [t or () for t in tops]
+        counts = np.fromiter(map(len, tops), dtype=np.int64, count=n)
+    matrix = _logprob_matrix(tops, counts)
+    rank = _ranks(matrix)
     chosen = _find_chosen(tops, matrix, tokens, logprobs)
     return TopK(tops=tops, counts=counts, matrix=matrix, rank=rank, chosen=chosen)
 
@@ -133,26 +146,30 @@ def row_stats(top: TopK, logprobs: np.ndarray) -> dict[str, Any]:
     """rank, runner-up, margin, top-k entropy and mass of each generated token."""
     n, kmax = top.matrix.shape
     has_top = top.counts > 0
+    padded = np.isnan(top.matrix)
     in_top = np.flatnonzero(top.chosen >= 0)
     rank = np.full(n, np.nan)
     rank[in_top] = top.rank[in_top, top.chosen[in_top]]
-    others = np.where(np.isnan(top.matrix), -np.inf, top.matrix)
+    others = np.where(padded, -np.inf, top.matrix)
     others[in_top, top.chosen[in_top]] = -np.inf
     best = others.argmax(axis=1) if kmax else np.zeros(n, dtype=np.int64)
     runner_lp = others[np.arange(n), best] if kmax else np.full(n, -np.inf)
-    has_runner = np.flatnonzero(np.isfinite(runner_lp))
+    finite = np.isfinite(runner_lp)
+    has_runner = np.flatnonzero(finite)
     runner = np.full(n, None, dtype=object)
     runner[has_runner] = _token_at(top.tops, has_runner, best[has_runner])
-    runner_lp = np.where(np.isfinite(runner_lp), runner_lp, np.nan)
+    runner_lp[~finite] = np.nan
     with np.errstate(invalid="ignore", over="ignore"):
         p = np.exp(top.matrix)
-        terms = np.where(p > 0, -p * top.matrix, 0.0)
+        terms = -p * top.matrix
+    terms[padded | (p == 0)] = 0.0  # 0·log 0 = 0; padding contributes nothing
+    p[padded] = 0.0
     return {
         "rank": rank,
         "n_top": top.counts,
         "runner_up": runner,
         "runner_up_logprob": runner_lp,
         "margin": logprobs - runner_lp,
-        "topk_entropy": np.where(has_top, np.nansum(terms, axis=1), np.nan),
-        "topk_mass": np.where(has_top, np.nansum(p, axis=1), np.nan),
+        "topk_entropy": np.where(has_top, terms.sum(axis=1), np.nan),
+        "topk_mass": np.where(has_top, p.sum(axis=1), np.nan),
     }

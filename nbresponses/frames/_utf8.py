@@ -60,17 +60,12 @@ def _split_lenient(chunks: Sequence[bytes]) -> tuple[list[str], np.ndarray]:
 
 def _encoded_if_same(tokens: Sequence[str], raw: Sequence[Any]) -> list[bytes] | None:
     """The tokens' UTF-8 encodings when they equal the API's bytes (the common, fast case)."""
-    if None in raw:
-        return None
     try:
         encoded = [t.encode("utf-8") for t in tokens]
-    except (UnicodeEncodeError, AttributeError):
-        return None
-    if not np.array_equal(_lengths(encoded), _lengths(raw)):
-        return None
-    try:
+        if not np.array_equal(_lengths(encoded), _lengths(raw)):
+            return None
         same = bytes(chain.from_iterable(raw)) == b"".join(encoded)
-    except (TypeError, ValueError):
+    except (UnicodeEncodeError, AttributeError, TypeError, ValueError):  # None, odd values
         return None
     return encoded if same else None
 

@@ -1,7 +1,8 @@
 """What people compute from logprobs (cf. the OpenAI cookbook "Using logprobs").
 
-Each function takes anything :func:`logprobs_frame` accepts, or that frame itself, and returns
-one row per response (index ``response_id``; a stream without ids groups under NaN).
+Each function takes anything :func:`logprobs_frame` accepts (the perplexity functions also take
+that frame itself) and returns one row per response, indexed by ``response_id`` (a stream
+without ids groups under NaN).
 """
 
 from __future__ import annotations

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
-from pandas.io.formats.style import Styler
 
 from ._colors import text_colors, viridis
 from .logprobs import logprobs_frame
+
+if TYPE_CHECKING:  # pandas' Styler needs jinja2: import it only when a heat map is drawn
+    from pandas.io.formats.style import Styler
 
 __all__ = ["logprobs_heatmap"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +71,7 @@ class _Tokens:
 
     parts: list[Part]
     counts: np.ndarray
+    token_list: list[Any]
     tokens: np.ndarray
     logprobs: np.ndarray
     raw_bytes: list[Any]
@@ -90,13 +91,11 @@ def _read_entries(entries: list[Any]) -> tuple[Sequence[Any], ...]:
         logprobs = tuple(field(e, "logprob", math.nan) for e in entries)
         raw = tuple(field(e, "bytes") for e in entries)
         tops = tuple(field(e, "top_logprobs", ()) for e in entries)
-    if None in tops:
-        tops = tuple(t or () for t in tops)
-    return tokens, logprobs, raw, tops
+    return tokens, logprobs, raw, tops  # tops may hold None: top_matrix copes
 
 
-def _gather(obj: Any, times: Any = None) -> _Tokens:
-    parts = list(iter_parts(collect(obj, times)))
+def _gather(obj: Any) -> _Tokens:
+    parts = list(iter_parts(collect(obj)))
     tokens: list[Any] = []
     logprobs: list[Any] = []
     raw: list[Any] = []
@@ -112,6 +111,7 @@ def _gather(obj: Any, times: Any = None) -> _Tokens:
     return _Tokens(
         parts=parts,
         counts=np.fromiter((len(p.entries) for p in parts), dtype=np.int64, count=len(parts)),
+        token_list=tokens,
         tokens=token_array,
         logprobs=np.array(logprobs, dtype=np.float64),
         raw_bytes=raw,
@@ -140,13 +140,16 @@ def _text_columns(data: _Tokens) -> dict[str, Any]:
     texts: list[str] = []
     char_offsets, byte_offsets = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
     start = 0
+    single = len(data.counts) == 1
     for count in data.counts.tolist():
         stop = start + count
-        part = part_text(data.tokens[start:stop].tolist(), data.raw_bytes[start:stop])
-        chunks += part[0]
-        texts += part[1]
-        char_offsets.append(part[2])
-        byte_offsets.append(part[3])
+        tokens = data.token_list if single else data.token_list[start:stop]
+        raw = data.raw_bytes if single else data.raw_bytes[start:stop]
+        part_chunks, part_texts, chars, offsets = part_text(tokens, raw)
+        chunks += part_chunks
+        texts += part_texts
+        char_offsets.append(chars)
+        byte_offsets.append(offsets)
         start = stop
     byte_column = np.empty(len(chunks), dtype=object)
     byte_column[:] = chunks
@@ -163,7 +166,7 @@ def _warn_if_empty(n: int) -> None:
         warnings.warn(NO_LOGPROBS_HINT, UserWarning, stacklevel=3)
 
 
-def logprobs_frame(obj: Any, *, times: Iterable[float] | None = None) -> pd.DataFrame:
+def logprobs_frame(obj: Any) -> pd.DataFrame:
     """One row per generated token of every output_text part in ``obj``.
 
     ``obj``: a Response, a stream event, ``(time, event)`` pairs, JSON dicts of these, or any
@@ -183,7 +186,7 @@ def logprobs_frame(obj: Any, *, times: Iterable[float] | None = None) -> pd.Data
     request them.
     """
     with gc_paused():
-        data = _gather(obj, times)
+        data = _gather(obj)
         _warn_if_empty(len(data.tokens))
         return pd.DataFrame(_token_columns(data), copy=False)
 
@@ -227,7 +230,7 @@ def _top_frame(data: _Tokens, top: TopK) -> pd.DataFrame:
     return pd.DataFrame(columns, copy=False)
 
 
-def top_logprobs_frame(obj: Any, *, times: Iterable[float] | None = None) -> pd.DataFrame:
+def top_logprobs_frame(obj: Any) -> pd.DataFrame:
     """Long form of the alternatives: one row per (token position, returned alternative).
 
     Same inputs as :func:`logprobs_frame`. Columns and dtypes are :data:`TOP_LOGPROBS_COLUMNS`;
@@ -236,6 +239,6 @@ def top_logprobs_frame(obj: Any, *, times: Iterable[float] | None = None) -> pd.
     ``(response_id, output_index, content_index, position)``. RangeIndex.
     """
     with gc_paused():
-        data = _gather(obj, times)
+        data = _gather(obj)
         _warn_if_empty(len(data.tokens))
         return _top_frame(data, top_matrix(data.tops, data.tokens, data.logprobs))
