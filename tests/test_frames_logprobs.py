@@ -205,3 +205,15 @@ def test_null_alternatives_read_as_none_returned() -> None:
     frame = logprobs_frame(data)
     assert frame["n_top"].tolist() == [1, 0] and frame["rank"].tolist() == [1, pd.NA]
     assert top_logprobs_frame(data)["position"].tolist() == [0]
+
+
+def test_entries_mixing_dicts_and_objects() -> None:
+    final = response(
+        message([[logprob("a", -0.1, [("a", -0.1), ("b", -2.0)]), logprob("c", -0.2)]])
+    )
+    data = final.model_dump()
+    data["output"][0]["content"][0]["logprobs"][1] = final.output[0].content[0].logprobs[1]
+    pd.testing.assert_frame_equal(logprobs_frame(data), logprobs_frame(final))
+    events = stream(final, done=False, completed=False)
+    mixed = [e.model_dump() if i % 2 else e for i, e in enumerate(events)]
+    pd.testing.assert_frame_equal(logprobs_frame(mixed), logprobs_frame(final))

@@ -49,7 +49,7 @@ def _read(entries: Any, name: str, default: Any) -> list[Any]:
         return []
     try:
         return list(map(getter(entries[0], name), entries))
-    except (KeyError, AttributeError):
+    except (KeyError, AttributeError, TypeError):  # missing fields, or dicts mixed with objects
         return [field(e, name, default) for e in entries]
 
 

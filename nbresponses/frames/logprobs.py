@@ -86,7 +86,7 @@ def _read_entries(entries: list[Any]) -> tuple[Sequence[Any], ...]:
     try:
         rows = list(map(getter(entries[0], *_ENTRY_FIELDS), entries))
         tokens, logprobs, raw, tops = zip(*rows, strict=True)
-    except (KeyError, AttributeError):  # stream deltas have no bytes; odd servers omit more
+    except (KeyError, AttributeError, TypeError):  # deltas lack bytes; mixed or odd entries
         tokens = tuple(field(e, "token", "") for e in entries)
         logprobs = tuple(field(e, "logprob", math.nan) for e in entries)
         raw = tuple(field(e, "bytes") for e in entries)
