@@ -54,9 +54,19 @@ def _read(entries: Any, name: str, default: Any) -> list[Any]:
 
 
 def _token_at(tops: Sequence[Sequence[Any]], rows: np.ndarray, cols: np.ndarray) -> list[Any]:
-    """``tops[row][col].token`` for each pair, with the loops in C (map/getitem)."""
-    lists = tops if len(rows) == len(tops) else map(tops.__getitem__, rows.tolist())
-    return _read(list(map(getitem, lists, cols.tolist())), "token", None)
+    """``tops[row][col].token`` for each pair; loops in C, each entry touched once."""
+    if not len(rows):
+        return []
+
+    def entries() -> Any:
+        lists = tops if len(rows) == len(tops) else map(tops.__getitem__, rows.tolist())
+        return map(getitem, lists, cols.tolist())
+
+    sample = tops[int(rows[0])][int(cols[0])]
+    try:
+        return list(map(getter(sample, "token"), entries()))
+    except (KeyError, AttributeError, TypeError):
+        return [field(e, "token") for e in entries()]
 
 
 def _logprob_matrix(tops: Sequence[Sequence[Any]], counts: np.ndarray) -> np.ndarray:

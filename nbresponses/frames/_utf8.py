@@ -58,24 +58,34 @@ def _split_lenient(chunks: Sequence[bytes]) -> tuple[list[str], np.ndarray]:
     return texts, _offsets(_lengths(texts))
 
 
-def _encoded_if_same(tokens: Sequence[str], raw: Sequence[Any]) -> list[bytes] | None:
-    """The tokens' UTF-8 encodings when they equal the API's bytes (the common, fast case)."""
+def _encoded_if_same(
+    tokens: Sequence[str], raw: Sequence[Any]
+) -> tuple[list[bytes], np.ndarray, bytes] | None:
+    """Encodings, byte lengths and joined bytes of the tokens, when they equal the API's bytes.
+
+    That is the common case and needs no decoding: every token is whole characters.
+    """
     try:
         encoded = [t.encode("utf-8") for t in tokens]
-        if not np.array_equal(_lengths(encoded), _lengths(raw)):
+        lengths = _lengths(raw)
+        if not np.array_equal(_lengths(encoded), lengths):
             return None
-        same = bytes(chain.from_iterable(raw)) == b"".join(encoded)
+        joined = b"".join(encoded)
+        same = bytes(chain.from_iterable(raw)) == joined
     except (UnicodeEncodeError, AttributeError, TypeError, ValueError):  # None, odd values
         return None
-    return encoded if same else None
+    return (encoded, lengths, joined) if same else None
 
 
 def part_text(tokens: Sequence[str], raw: Sequence[Any]) -> PartText:
     """Per-token bytes, text, character offset and byte offset for the tokens of one part."""
-    encoded = _encoded_if_same(tokens, raw)
-    if encoded is not None:  # every token is whole characters: its text is the token itself
-        texts = list(tokens)
-        return encoded, texts, _offsets(_lengths(texts)), _offsets(_lengths(encoded))
+    fast = _encoded_if_same(tokens, raw)
+    if fast is not None:  # the text of each token is the token itself
+        encoded, lengths, joined = fast
+        texts = tokens if isinstance(tokens, list) else list(tokens)
+        byte_offsets = _offsets(lengths)
+        chars = byte_offsets.copy() if joined.isascii() else _offsets(_lengths(texts))
+        return encoded, texts, chars, byte_offsets
     chunks = [
         token_bytes(t) if b is None else (b if isinstance(b, bytes) else bytes(b))
         for t, b in zip(tokens, raw, strict=True)

@@ -136,28 +136,29 @@ def _positions(counts: np.ndarray) -> np.ndarray:
 
 
 def _text_columns(data: _Tokens) -> dict[str, Any]:
-    chunks: list[bytes] = []
-    texts: list[str] = []
-    char_offsets, byte_offsets = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    pieces = []
     start = 0
-    single = len(data.counts) == 1
     for count in data.counts.tolist():
         stop = start + count
-        tokens = data.token_list if single else data.token_list[start:stop]
-        raw = data.raw_bytes if single else data.raw_bytes[start:stop]
-        part_chunks, part_texts, chars, offsets = part_text(tokens, raw)
-        chunks += part_chunks
-        texts += part_texts
-        char_offsets.append(chars)
-        byte_offsets.append(offsets)
+        whole = start == 0 and stop == len(data.token_list)
+        tokens = data.token_list if whole else data.token_list[start:stop]
+        raw = data.raw_bytes if whole else data.raw_bytes[start:stop]
+        pieces.append(part_text(tokens, raw))
         start = stop
+    if len(pieces) == 1:
+        chunks, texts, chars, offsets = pieces[0]
+    else:
+        chunks = [c for piece in pieces for c in piece[0]]
+        texts = [t for piece in pieces for t in piece[1]]
+        chars = np.concatenate([np.zeros(0, np.int64), *(piece[2] for piece in pieces)])
+        offsets = np.concatenate([np.zeros(0, np.int64), *(piece[3] for piece in pieces)])
     byte_column = np.empty(len(chunks), dtype=object)
     byte_column[:] = chunks
     return {
         "text": string(texts),
         "bytes": byte_column,
-        "byte_offset": np.concatenate(byte_offsets),
-        "char_offset": np.concatenate(char_offsets),
+        "byte_offset": offsets,
+        "char_offset": chars,
     }
 
 
