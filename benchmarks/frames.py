@@ -30,7 +30,7 @@ _WORDS = ["the", " capital", " of", " France", " is", " Paris", ".", " Ã©", " ä¸
 
 
 def _vocabulary(size: int, rng: np.random.Generator) -> list[bytes]:
-    """Byte strings of tokens; a few are halves of a multi-byte character."""
+    """Byte strings of distinct tokens, some with multi-byte characters (whole ones)."""
     vocab = dict.fromkeys(w.encode() for w in _WORDS)
     while len(vocab) < size:
         word = "".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"), rng.integers(1, 8)))
@@ -174,8 +174,10 @@ def main() -> None:
     print(
         f"speed-up over naive (wall): {t_naive / t_obj:.1f}x Response, {t_naive / t_dict:.1f}x dict"
     )
-    per_million = t_obj * 1e6 / rows
-    print(f"target 1M rows <= 2 s (Response, wall): {'met' if per_million <= 2 else 'MISSED'}")
+    for label, wall in [("Response", t_obj), ("dict", t_dict)]:
+        per_million = wall * 1e6 / rows
+        verdict = "met" if per_million <= 2 else "MISSED"
+        print(f"target <= 2 s per 1M rows, {label}: {verdict} ({per_million:.2f} s)")
 
 
 if __name__ == "__main__":

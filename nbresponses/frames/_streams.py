@@ -26,18 +26,20 @@ def stream_response(stream: StreamSource) -> Any | None:
     for event in stream.events:
         rank = _LIFECYCLE_ORDER.get(field(event, "type"), -1)
         snapshot = field(event, "response")
-        if rank > best_rank and snapshot is not None:
+        if rank >= best_rank and rank >= 0 and snapshot is not None:
             best, best_rank = snapshot, rank
     return best
 
 
 def stream_response_id(stream: StreamSource) -> str | None:
+    """The id of the first Response snapshot in the stream (lifecycle events carry one)."""
     for event in stream.events:
-        rid = field(field(event, "response"), "id") if field(event, "response") else None
-        if rid is not None:
-            return rid
+        snapshot = field(event, "response")
+        if snapshot is not None and field(snapshot, "id") is not None:
+            return field(snapshot, "id")
     return None
 
 
 def first_time(times: list[float]) -> float:
+    """The first known receive time (NaN when none is)."""
     return next((t for t in times if not math.isnan(t)), math.nan)
