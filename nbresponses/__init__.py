@@ -23,6 +23,10 @@ _LAZY: dict[str, str] = {
     "top_logprobs_frame": "nbresponses.frames",
     "usage_frame": "nbresponses.frames",
     "events_frame": "nbresponses.frames",
+    "sequence_logprob": "nbresponses.frames",
+    "perplexity": "nbresponses.frames",
+    "classification_confidence": "nbresponses.frames",
+    "logprobs_heatmap": "nbresponses.frames",
     "function_tool": "nbresponses.responses.tools",
 }
 
