@@ -49,10 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("models", help="list prepared models with size and fidelity")
 
     demo = commands.add_parser("demo", help="stream an answer from a model in the terminal")
-    demo.add_argument("prompt", nargs="?", default="What is the capital of France?")
+    demo.add_argument("prompt", nargs="?", default=None, help="what to ask")
     demo.add_argument("--model", default=None, help="model source (default: bundled)")
     demo.add_argument("-q", "--quantization", default=None, metavar="RECIPE")
     demo.add_argument("--max-tokens", type=int, default=128)
+    demo.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     return parser
 
 
@@ -107,8 +108,9 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from nbresponses.engine.demo import run_demo
+    from nbresponses.demo import DEFAULT_PROMPT, run_demo
 
+    args.prompt = args.prompt or DEFAULT_PROMPT
     return run_demo(args)
 
 

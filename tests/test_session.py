@@ -95,3 +95,67 @@ async def test_bundled_model_answers_sensibly(bundled_model, cache_dir) -> None:
         assert len(frame) == response.usage.output_tokens - 1 or len(frame) > 10
     finally:
         await engine.aclose()
+
+
+def test_demo_summary_reports_usage_speed_and_first_token_margin() -> None:
+    from openai.types.responses import Response
+    from openai.types.responses.response_output_text import Logprob, LogprobTopLogprob
+
+    from nbresponses.demo import summary
+
+    final = Response.model_validate(
+        {
+            "id": "resp_1",
+            "object": "response",
+            "created_at": 0,
+            "model": "m",
+            "output": [],
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "status": "completed",
+            "usage": {
+                "input_tokens": 40,
+                "input_tokens_details": {"cached_tokens": 8, "cache_write_tokens": 0},
+                "output_tokens": 11,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": 51,
+            },
+        }
+    )
+    first = Logprob(
+        token="The",
+        bytes=[84, 104, 101],
+        logprob=-0.5,
+        top_logprobs=[
+            LogprobTopLogprob(token="The", bytes=[], logprob=-0.5),
+            LogprobTopLogprob(token="L", bytes=[], logprob=-1.5),
+        ],
+    )
+    text = summary(final, 0.0, 0.5, 1.5, first)
+    assert "40 input tokens (8 cached), 11 output" in text
+    assert "time to first token 500 ms, decode 10.0 tok/s" in text
+    assert "'The' 61%, 'L' 22%" in text
+
+
+def test_cli_demo_streams_through_the_responses_api(tiny_source, cache_dir, capsys) -> None:
+    from nbresponses.cli import main
+
+    code = main(
+        [
+            "--cache-dir",
+            str(cache_dir),
+            "demo",
+            "Hello",
+            "--model",
+            str(tiny_source),
+            "-q",
+            "fp32",
+            "--max-tokens",
+            "5",
+        ]
+    )
+    captured = capsys.readouterr()
+    assert code == 0
+    assert "[incomplete (max_output_tokens): " in captured.err or "[completed: " in captured.err
+    assert "first token" in captured.err
