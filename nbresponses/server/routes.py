@@ -1,0 +1,328 @@
+"""The Responses API routes over one ``AsyncResponsesClient``: ``ResponsesAPI(client).routes``.
+
+Each route parses HTTP (JSON body, query string) into the client's keyword arguments and turns
+the result back into HTTP: a ``Response`` as JSON, a ``ResponseEventStream`` as SSE, an openai
+``APIStatusError`` as OpenAI's error body with its status. The routes are plain Starlette
+``Route``s, so they mount in any Starlette/FastAPI app (``Mount("/llm", routes=api.routes)``)
+with the same key check and body limit as the stand-alone server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from pydantic import BaseModel
+from starlette.datastructures import QueryParams
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route, Router
+
+from nbresponses.responses.client import AsyncResponsesClient
+from nbresponses.responses.stream import ResponseEventStream
+from nbresponses.server.errors import HTTPError, from_exception
+from nbresponses.server.loops import BLOCKED, foreign, iterate_on, on_loop
+from nbresponses.server.sse import EventStreamResponse
+
+DEFAULT_MAX_BODY_BYTES = 8 * 2**20
+# SDK keywords that shape the HTTP call itself: never valid inside a JSON body.
+TRANSPORT_KEYS = ("extra_headers", "extra_query", "extra_body", "timeout")
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def json_model(model: BaseModel, status: int = 200) -> Response:
+    return Response(model.model_dump_json(warnings=False), status, media_type="application/json")
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+class ResponsesAPI:
+    """The HTTP face of a client: routes, key check, body limit, in-flight tracking."""
+
+    def __init__(
+        self,
+        client: AsyncResponsesClient,
+        *,
+        api_key: str | None = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    ) -> None:
+        self.client = client
+        self.api_key = api_key
+        self.max_body_bytes = max_body_bytes
+        self.created = int(time.time())
+        self.closing = False
+        self._streams: set[ResponseEventStream] = set()
+        self._work: set[asyncio.Task[Any]] = set()
+        self._background: set[str] = set()
+
+    # -- routing ----------------------------------------------------------------------------
+
+    @property
+    def routes(self) -> list[BaseRoute]:
+        guard = self._guard
+        return [
+            Route("/health", guard(self.health, auth=False), methods=["GET"]),
+            Route("/v1/models", guard(self.models), methods=["GET"]),
+            Route("/v1/models/{model:path}", guard(self.model), methods=["GET"]),
+            Route("/v1/responses", guard(self.create), methods=["POST"]),
+            Route("/v1/responses/{response_id}", guard(self.retrieve), methods=["GET"]),
+            Route("/v1/responses/{response_id}", guard(self.delete), methods=["DELETE"]),
+            Route("/v1/responses/{response_id}/cancel", guard(self.cancel), methods=["POST"]),
+            Route(
+                "/v1/responses/{response_id}/input_items",
+                guard(self.input_items),
+                methods=["GET"],
+            ),
+        ]
+
+    def router(self) -> Router:
+        """The routes as one ASGI app, for ``Mount("/prefix", app=api.router())``."""
+        return Router(routes=self.routes)
+
+    def _guard(self, handler: Handler, *, auth: bool = True) -> Handler:
+        async def endpoint(request: Request) -> Response:
+            try:
+                if self.closing:
+                    raise HTTPError(503, "The server is shutting down.", type_="server_error")
+                if auth:
+                    self._authorize(request)
+                return await handler(request)
+            except Exception as exc:
+                return from_exception(exc)
+
+        endpoint.__name__ = handler.__name__
+        return endpoint
+
+    def _authorize(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise HTTPError(
+                401,
+                "You didn't provide an API key. You need to provide your API key in an "
+                "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
+            )
+        if not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
+            raise HTTPError(401, "Incorrect API key provided.", code="invalid_api_key")
+
+    # -- request parsing --------------------------------------------------------------------
+
+    async def _json_body(self, request: Request) -> dict[str, Any]:
+        too_big = HTTPError(
+            413,
+            f"The request body is larger than {self.max_body_bytes} bytes.",
+            code="request_too_large",
+        )
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > self.max_body_bytes:
+            raise too_big
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise too_big
+            chunks.append(chunk)
+        try:
+            body = json.loads(b"".join(chunks))
+        except ValueError:
+            raise HTTPError(
+                400,
+                "We could not parse the JSON body of your request. The API expects a JSON "
+                "payload, but what was sent was not valid JSON.",
+            ) from None
+        if not isinstance(body, dict):
+            raise HTTPError(400, "The request body must be a JSON object.")
+        for key in TRANSPORT_KEYS:
+            if key in body:
+                raise HTTPError(
+                    400, f"Unknown parameter: '{key}'.", param=key, code="unknown_parameter"
+                )
+        return body
+
+    @staticmethod
+    def _query_bool(query: QueryParams, key: str) -> bool | None:
+        value = query.get(key)
+        if value is None:
+            return None
+        if value.lower() in ("true", "1"):
+            return True
+        if value.lower() in ("false", "0"):
+            return False
+        raise HTTPError(400, f"Invalid '{key}': expected true or false.", param=key)
+
+    @staticmethod
+    def _query_int(query: QueryParams, key: str) -> int | None:
+        value = query.get(key)
+        if value is None:
+            return None
+        try:
+            return int(value)
+        except ValueError:
+            raise HTTPError(400, f"Invalid '{key}': expected an integer.", param=key) from None
+
+    @staticmethod
+    def _query_list(query: QueryParams, key: str) -> list[str] | None:
+        values = query.getlist(f"{key}[]") + query.getlist(key)
+        return values or None
+
+    def _owner(self, request: Request, response_id: str) -> asyncio.AbstractEventLoop | None:
+        """The loop to carry a call about ``response_id`` to (None: call it here)."""
+        record = self.client.store.get(response_id)
+        if record is None:
+            return None  # the client answers 404
+        blocked = request.scope.get("extensions", {}).get(BLOCKED)
+        return foreign(record.run, blocked)
+
+    # -- routes -----------------------------------------------------------------------------
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok", "model": self.client.model})
+
+    def _model(self) -> dict[str, Any]:
+        return {
+            "id": self.client.model,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "nbresponses",
+        }
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [self._model()]})
+
+    async def model(self, request: Request) -> Response:
+        name = request.path_params["model"]
+        if name != self.client.model:
+            raise HTTPError(
+                404,
+                f"The model '{name}' does not exist.",
+                param="model",
+                code="model_not_found",
+            )
+        return JSONResponse(self._model())
+
+    async def create(self, request: Request) -> Response:
+        body = await self._json_body(request)
+        if body.get("stream") is True:
+            stream = await self.client.responses.create(**body)
+            assert isinstance(stream, ResponseEventStream)
+            if body.get("background") is True:
+                self._track(stream.response_id)
+            return self._sse(stream, None)
+        work = asyncio.ensure_future(self.client.responses.create(**body))
+        self._work.add(work)
+        work.add_done_callback(self._work.discard)
+        watch = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+            if not work.done():
+                work.cancel()  # the client left: stop generating (create keeps the partial)
+        if work.cancelled():
+            return Response(status_code=499)  # nobody is there to read it
+        result = work.result()
+        if result.background:
+            self._track(result.id)
+        return json_model(result)
+
+    async def retrieve(self, request: Request) -> Response:
+        response_id = request.path_params["response_id"]
+        query = request.query_params
+        stream = self._query_bool(query, "stream")
+        kwargs = {
+            "stream": stream,
+            "starting_after": self._query_int(query, "starting_after"),
+            "include": self._query_list(query, "include"),
+            "include_obfuscation": self._query_bool(query, "include_obfuscation"),
+        }
+        loop = self._owner(request, response_id)
+        result = await on_loop(loop, lambda: self.client.responses.retrieve(response_id, **kwargs))
+        if isinstance(result, ResponseEventStream):
+            return self._sse(result, loop)
+        return json_model(result)
+
+    async def cancel(self, request: Request) -> Response:
+        response_id = request.path_params["response_id"]
+        loop = self._owner(request, response_id)
+        return json_model(await on_loop(loop, lambda: self.client.responses.cancel(response_id)))
+
+    async def delete(self, request: Request) -> Response:
+        response_id = request.path_params["response_id"]
+        loop = self._owner(request, response_id)
+        await on_loop(loop, lambda: self.client.responses.delete(response_id))
+        self._background.discard(response_id)
+        return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+
+    async def input_items(self, request: Request) -> Response:
+        response_id = request.path_params["response_id"]
+        query = request.query_params
+        page = await self.client.responses.input_items.list(
+            response_id,
+            after=query.get("after"),
+            limit=self._query_int(query, "limit"),
+            order=query.get("order"),
+            include=self._query_list(query, "include"),
+        )
+        return json_model(page)
+
+    def _sse(
+        self, stream: ResponseEventStream, loop: asyncio.AbstractEventLoop | None
+    ) -> EventStreamResponse:
+        """Stream events as SSE; closing (end, error, disconnect) closes the event stream."""
+        self._streams.add(stream)
+
+        async def close() -> None:
+            self._streams.discard(stream)
+            await on_loop(loop, stream.close)
+
+        events = stream if loop is None else iterate_on(loop, stream)
+        return EventStreamResponse(events, close)
+
+    # -- shutdown ---------------------------------------------------------------------------
+
+    def _track(self, response_id: str) -> None:
+        """Remember a background response until it ends (for ``drain``); forget finished ones."""
+        for known in list(self._background):
+            record = self.client.store.get(known)
+            if record is None or record.run.done.is_set():
+                self._background.discard(known)
+        self._background.add(response_id)
+
+    def _busy(self) -> bool:
+        background = (self.client.store.get(i) for i in list(self._background))
+        return bool(
+            self._streams
+            or self._work
+            or any(r is not None and not r.run.done.is_set() for r in background)
+        )
+
+    async def drain(self, grace: float = 10.0, poll: float = 0.05) -> None:
+        """Refuse new requests; let work in flight finish for ``grace`` seconds, then cancel it.
+
+        Cancelled responses end as OpenAI's do (status ``cancelled``, partial output kept), so
+        a streaming client reads ``response.cancelled`` and a clean end of stream.
+        """
+        self.closing = True
+        deadline = time.monotonic() + grace
+        while self._busy() and time.monotonic() < deadline:
+            await asyncio.sleep(poll)
+        for work in list(self._work):
+            work.cancel()
+        for stream in list(self._streams):
+            await stream.cancel()
+        for response_id in list(self._background):
+            record = self.client.store.get(response_id)
+            if record is not None and not record.run.done.is_set():
+                record.run.cancel()
+                await record.run.wait()
+        while self._busy() and time.monotonic() < deadline + grace:
+            await asyncio.sleep(poll)  # let the streams send their last events

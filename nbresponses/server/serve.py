@@ -1,0 +1,106 @@
+"""``nbresponses serve``: the Responses API over HTTP on uvicorn, loopback by default.
+
+``run_server`` serves any ``AsyncResponsesClient`` (tests use a scripted one); ``serve`` loads
+an ``nbr.Engine`` first. On Ctrl-C / SIGTERM the server stops taking requests (503), lets the
+responses in flight finish for ``grace`` seconds, cancels what remains (streaming clients read
+``response.cancelled`` and a clean end of stream), then closes connections and the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import os
+import socket
+import sys
+from typing import Any
+
+import uvicorn
+
+from nbresponses.responses.client import AsyncResponsesClient
+from nbresponses.server.app import create_app
+from nbresponses.server.routes import DEFAULT_MAX_BODY_BYTES, ResponsesAPI
+
+
+class Server(uvicorn.Server):
+    """uvicorn, draining our in-flight responses before it closes connections."""
+
+    def __init__(self, config: uvicorn.Config, api: ResponsesAPI, grace: float) -> None:
+        super().__init__(config)
+        self.api = api
+        self.grace = grace
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await self.api.drain(self.grace)
+        await super().shutdown(sockets)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def make_server(
+    client: AsyncResponsesClient,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    api_key: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    grace: float = 10.0,
+    log_level: str = "info",
+    **uvicorn_options: Any,
+) -> Server:
+    """A uvicorn ``Server`` for ``client``; ``await server.serve()`` runs it on this loop."""
+    app = create_app(client, api_key=api_key, max_body_bytes=max_body_bytes, shutdown_grace=grace)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        lifespan="on",
+        timeout_graceful_shutdown=grace,
+        **uvicorn_options,
+    )
+    return Server(config, app.state.api, grace)
+
+
+async def serve_async(
+    model: str | None = None,
+    quantization: str | None = None,
+    *,
+    cache_dir: str | None = None,
+    **server_options: Any,
+) -> None:
+    """Load the engine, serve it until interrupted, then close the engine."""
+    from nbresponses.session import Engine
+
+    engine = await Engine.load(model, quantization, cache_dir=cache_dir)
+    try:
+        await make_server(engine.client(), **server_options).serve()
+    finally:
+        await engine.aclose()
+
+
+def serve(
+    model: str | None = None,
+    quantization: str | None = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    api_key: str | None = None,
+    **options: Any,
+) -> None:
+    """Serve ``model`` (default: the bundled one) at ``http://HOST:PORT/v1``; blocks."""
+    api_key = api_key or os.environ.get("NBRESPONSES_API_KEY") or None
+    if not is_loopback(host) and api_key is None:
+        print(
+            f"warning: serving on {host} without an API key: anyone who can reach this "
+            "address can use the model (set --api-key or NBRESPONSES_API_KEY).",
+            file=sys.stderr,
+        )
+    asyncio.run(serve_async(model, quantization, host=host, port=port, api_key=api_key, **options))
