@@ -114,7 +114,22 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
-COMMANDS = {"prepare": cmd_prepare, "models": cmd_models, "demo": cmd_demo}
+def cmd_serve(args: argparse.Namespace) -> int:
+    from nbresponses.server.serve import serve
+
+    serve(
+        args.model,
+        args.quantization,
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        cache_dir=args.cache_dir,
+        grace=args.grace,
+    )
+    return 0
+
+
+COMMANDS = {"prepare": cmd_prepare, "models": cmd_models, "demo": cmd_demo, "serve": cmd_serve}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

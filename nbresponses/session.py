@@ -77,6 +77,17 @@ class Engine:
         """
         return self._client
 
+    def openai(self, *, sync: bool = False, **options: Any) -> Any:
+        """The real openai SDK on this engine, in process: ``openai.AsyncOpenAI`` (or
+        ``openai.OpenAI`` with ``sync=True``) whose requests never leave the kernel.
+
+        Shares ``client()``'s store; streams arrive as they are generated. See
+        ``nbresponses.server.inprocess``.
+        """
+        from nbresponses.server.inprocess import openai_client
+
+        return openai_client(self._client, sync=sync, **options)
+
     async def aclose(self) -> None:
         """Stop the decode thread; unfinished requests end as cancelled."""
         await self.token_engine.aclose()
