@@ -22,6 +22,7 @@ from nbresponses.models.export import (
     quiet_export,
 )
 from nbresponses.models.fidelity import measure_fidelity
+from nbresponses.models.fused import UnsupportedArchitecture
 from nbresponses.models.prepared import PreparedModel
 from nbresponses.models.progress import Stages
 from nbresponses.models.recipes import AUTO, AUTO_ORDER, FIDELITY_BAR, MODEL_FILE, get_recipe
@@ -95,7 +96,12 @@ def prepare_model(
         for index, name in enumerate(candidates):
             if index:
                 stages.extend(2)  # quantize + evaluate the next, more faithful recipe
-            prepared = _prepare_recipe(source, export_dir, name, root, stages)
+            try:
+                prepared = _prepare_recipe(source, export_dir, name, root, stages)
+            except UnsupportedArchitecture:
+                if recipe_name != AUTO:
+                    raise
+                continue  # a fused recipe on a model its builder does not cover: next one
             if prepared.fidelity.get("top1_agreement", 1.0) >= FIDELITY_BAR:
                 break
         finished = True
@@ -145,7 +151,7 @@ def _prepare_recipe(
         with stages.stage(f"quantize {recipe_name}"):
             start = time.perf_counter()
             with quiet_export():
-                recipe.build(export_dir / MODEL_FILE, tmp / MODEL_FILE)
+                recipe.apply(export_dir / MODEL_FILE, tmp / MODEL_FILE, source)
             timings["quantize"] = round(time.perf_counter() - start, 3)
             for item in export_dir.iterdir():
                 if item.is_file() and item.suffix != ".onnx" and item.name != "manifest.json":

@@ -24,10 +24,23 @@ MODEL_FILE = "model.onnx"
 
 @dataclass(frozen=True)
 class Recipe:
+    """A named way to make the model file. Most transform the Optimum fp32 export (``build``);
+    graph builders of our own read the source's weights instead (``from_source``)."""
+
     name: str
     description: str
-    build: Callable[[Path, Path], None]  # (fp32 model file, output model file)
+    build: Callable[[Path, Path], None] | None = None  # (fp32 model file, output model file)
     params: dict[str, Any] = field(default_factory=dict)
+    from_source: Callable[[Any, Path, Path], None] | None = None  # (ModelSource, export, output)
+
+    def apply(self, export_model: Path, target: Path, source: Any) -> None:
+        """Write ``target`` from the fp32 export or, for graph builders, from ``source``."""
+        if self.from_source is not None:
+            self.from_source(source, export_model, target)
+        elif self.build is not None:
+            self.build(export_model, target)
+        else:
+            raise RecipeError(f"recipe {self.name!r} defines no build")
 
 
 def untie_lm_head(model: Any) -> bool:
@@ -70,39 +83,48 @@ def lm_head_nodes(model: Any) -> list[str]:
     return [node.name] if node is not None and node.op_type == "MatMul" else []
 
 
+def quantize_nbits(model: Any, bits: int, *, quantize_head: bool) -> Any:
+    """MatMulNBits weights (block 32, symmetric, accuracy_level 4) for an ``onnx.ModelProto``.
+
+    Returns the quantizer's ``ONNXModel`` (save it with ``save_model_to_file``).
+    """
+    from onnxruntime.quantization import QuantFormat
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        MatMulNBitsQuantizer,
+    )
+
+    exclude: list[str] = []
+    if quantize_head:
+        untie_lm_head(model)
+    else:
+        exclude = lm_head_nodes(model)
+    config = DefaultWeightOnlyQuantConfig(
+        block_size=32,
+        is_symmetric=True,
+        accuracy_level=4,
+        bits=bits,
+        quant_format=QuantFormat.QOperator,
+    )
+    quantizer = MatMulNBitsQuantizer(
+        model,
+        bits=bits,
+        block_size=32,
+        is_symmetric=True,
+        accuracy_level=4,
+        nodes_to_exclude=exclude,
+        algo_config=config,
+    )
+    quantizer.process()
+    return quantizer.model
+
+
 def matmul_nbits(bits: int, *, quantize_head: bool) -> Callable[[Path, Path], None]:
     def build(source: Path, target: Path) -> None:
         import onnx
-        from onnxruntime.quantization import QuantFormat
-        from onnxruntime.quantization.matmul_nbits_quantizer import (
-            DefaultWeightOnlyQuantConfig,
-            MatMulNBitsQuantizer,
-        )
 
-        model = onnx.load(str(source))
-        exclude: list[str] = []
-        if quantize_head:
-            untie_lm_head(model)
-        else:
-            exclude = lm_head_nodes(model)
-        config = DefaultWeightOnlyQuantConfig(
-            block_size=32,
-            is_symmetric=True,
-            accuracy_level=4,
-            bits=bits,
-            quant_format=QuantFormat.QOperator,
-        )
-        quantizer = MatMulNBitsQuantizer(
-            model,
-            bits=bits,
-            block_size=32,
-            is_symmetric=True,
-            accuracy_level=4,
-            nodes_to_exclude=exclude,
-            algo_config=config,
-        )
-        quantizer.process()
-        quantizer.model.save_model_to_file(str(target), use_external_data_format=False)
+        model = quantize_nbits(onnx.load(str(source)), bits, quantize_head=quantize_head)
+        model.save_model_to_file(str(target), use_external_data_format=False)
 
     return build
 
@@ -121,6 +143,29 @@ def optimum_dynamic_int8(source: Path, target: Path) -> None:
     produced = next(work.glob("*.onnx"))
     shutil.move(str(produced), str(target))
     shutil.rmtree(work, ignore_errors=True)
+
+
+def fused_graph(bits: int | None) -> Callable[[Any, Path, Path], None]:
+    """Our own fused graph (``fused.py``) from the source's weights; MatMulNBits when ``bits``.
+
+    Refuses architectures the builder does not cover (``UnsupportedArchitecture``) from the
+    export's config.json before loading any weights; "auto" then moves on to Optimum recipes.
+    """
+
+    def build(source: Any, export_model: Path, target: Path) -> None:
+        from transformers import AutoConfig
+
+        from nbresponses.models import fused
+
+        fused.check_supported(AutoConfig.from_pretrained(str(export_model.parent)))
+        graph = fused.build_fused_model(fused.load_source_model(source))
+        if bits is None:
+            fused.save_model(graph, target)
+        else:
+            model = quantize_nbits(graph, bits, quantize_head=True)
+            model.save_model_to_file(str(target), use_external_data_format=False)
+
+    return build
 
 
 def copy_fp32(source: Path, target: Path) -> None:
@@ -161,6 +206,39 @@ RECIPES: dict[str, Recipe] = {
             "per-tensor activation scales; for comparison only",
             optimum_dynamic_int8,
             {"optimum": "avx512_vnni" if has_vnni() else "avx2", "is_static": False},
+        ),
+        Recipe(
+            "fused-fp32",
+            "our fused graph (GroupQueryAttention, SkipSimplifiedLayerNormalization, packed "
+            "QKV and gate/up) built from the source weights, fp32; Llama-family models only",
+            params={"graph": "fused", "bits": 32},
+            from_source=fused_graph(None),
+        ),
+        Recipe(
+            "fused-q8",
+            "the fused graph with MatMulNBits 8-bit weights, block 32, accuracy_level 4, "
+            "LM head quantized (about 2x the decode speed of q8); Llama-family models only",
+            params={
+                "graph": "fused",
+                "bits": 8,
+                "block_size": 32,
+                "accuracy_level": 4,
+                "lm_head": "q8",
+            },
+            from_source=fused_graph(8),
+        ),
+        Recipe(
+            "fused-q4",
+            "the fused graph with MatMulNBits 4-bit weights, block 32, accuracy_level 4, "
+            "LM head quantized (fastest, low fidelity on small models); Llama-family only",
+            params={
+                "graph": "fused",
+                "bits": 4,
+                "block_size": 32,
+                "accuracy_level": 4,
+                "lm_head": "q4",
+            },
+            from_source=fused_graph(4),
         ),
     )
 }

@@ -1,0 +1,317 @@
+"""Build a fused ONNX graph for Llama-family decoders straight from the Hugging Face weights.
+
+Why: the Optimum export runs ~3,150 small kernels per decoded token (shape arithmetic, unfused
+attention, rotary and RMSNorm), which dominates decode time (DESIGN.md §3). This builder writes
+about ten kernels per layer instead, with ONNX Runtime's contrib ops: ``SkipSimplifiedLayer-
+Normalization`` (residual add + RMSNorm), one packed QKV MatMul, ``GroupQueryAttention`` (rotary,
+KV concat, causal softmax in one kernel), one packed gate/up MatMul and ``SwiGLU``.
+
+The graph keeps the Optimum export's inputs and outputs, names and meaning, so the engine and
+``fidelity.py`` run it unchanged: ``input_ids``, ``attention_mask`` [B, past+S] (rows padded on
+the LEFT), ``position_ids`` [B, S], ``past_key_values.{i}.{key,value}`` [B, kv_heads, past,
+head_dim] -> ``logits`` [B, S, vocab], ``present.{i}.{key,value}``. Left padding works because
+every row of the cache buffer has the same length: GroupQueryAttention is told all rows are
+full (``seqlens_k`` = past+S-1) and the padded columns are masked by an additive
+``attention_bias`` derived from ``attention_mask``; rotary uses ``position_ids`` per row.
+Limit (GroupQueryAttention's): a multi-token step with a past needs batch 1 (the engine
+prefills every request alone).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nbresponses.models.errors import RecipeError
+
+OPSET = 21
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
+_STATIC_ROPE = (None, "default", "linear", "llama3")
+_MASKED = float(np.finfo(np.float32).min)
+
+
+class UnsupportedArchitecture(RecipeError):
+    """The fused builder does not cover this model; the Optimum recipes still do."""
+
+
+def check_supported(config: Any) -> None:
+    """Refuse configs whose graphs this builder would get wrong, naming the reason."""
+    model_type = getattr(config, "model_type", None)
+    problems = []
+    if model_type not in SUPPORTED_TYPES:
+        problems.append(f"model_type {model_type!r} (supported: {', '.join(SUPPORTED_TYPES)})")
+    if getattr(config, "hidden_act", "silu") != "silu":
+        problems.append(f"hidden_act {config.hidden_act!r} (only silu)")
+    if getattr(config, "mlp_bias", False):
+        problems.append("mlp_bias")
+    scaling = getattr(config, "rope_scaling", None) or {}
+    rope_type = scaling.get("rope_type", scaling.get("type")) if scaling else None
+    if rope_type not in _STATIC_ROPE:
+        problems.append(f"rope_scaling {rope_type!r} (supported: default, linear, llama3)")
+    windowed = getattr(config, "use_sliding_window", model_type != "qwen2")
+    if getattr(config, "sliding_window", None) and windowed:
+        problems.append("sliding-window attention")
+    if getattr(config, "partial_rotary_factor", 1.0) != 1.0:
+        problems.append("partial rotary")
+    if problems:
+        raise UnsupportedArchitecture(
+            "The fused graph builder does not support this model: "
+            + "; ".join(problems)
+            + ". Use an Optimum recipe (q8, q8-fp32-head, fp32, ...) instead."
+        )
+
+
+def load_source_model(source: Any) -> Any:
+    """The source's PyTorch model in fp32 (GGUF files are dequantized by transformers)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from nbresponses.models.export import quiet_export
+
+    with quiet_export():
+        if source.gguf_file is not None:
+            return AutoModelForCausalLM.from_pretrained(
+                str(source.path.parent), gguf_file=source.path.name, dtype=torch.float32
+            ).eval()
+        return AutoModelForCausalLM.from_pretrained(str(source.path), dtype=torch.float32).eval()
+
+
+def rotary_caches(model: Any, head_dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin [max_positions, head_dim / 2], computed by the model's own rotary module."""
+    import torch
+
+    rotary = model.model.rotary_emb
+    positions = torch.arange(model.config.max_position_embeddings)[None]
+    probe = torch.zeros(1, dtype=torch.float32)
+    with torch.no_grad():
+        cos, sin = rotary(probe, positions)
+    half = head_dim // 2
+    return cos[0, :, :half].numpy().copy(), sin[0, :, :half].numpy().copy()
+
+
+class _Graph:
+    """Collects nodes and initializers; names are unique and readable."""
+
+    def __init__(self) -> None:
+        self.nodes: list[Any] = []
+        self.initializers: list[Any] = []
+
+    def weight(self, name: str, array: np.ndarray) -> str:
+        from onnx import numpy_helper
+
+        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        return name
+
+    def node(
+        self,
+        op: str,
+        inputs: list[str],
+        outputs: list[str] | int = 1,
+        *,
+        name: str,
+        domain: str = "",
+        **attrs: Any,
+    ) -> list[str]:
+        from onnx import helper
+
+        if isinstance(outputs, int):
+            outputs = [f"{name}/out{i}" for i in range(outputs)]
+        self.nodes.append(helper.make_node(op, inputs, outputs, name=name, domain=domain, **attrs))
+        return outputs
+
+
+def _np(tensor: Any) -> np.ndarray:
+    return tensor.detach().float().numpy()
+
+
+def build_fused_model(model: Any) -> Any:
+    """The fused fp32 ``onnx.ModelProto`` of a Llama-family ``…ForCausalLM`` PyTorch model."""
+    from onnx import TensorProto, helper
+
+    config = model.config
+    check_supported(config)
+    layers = config.num_hidden_layers
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    eps = float(config.rms_norm_eps)
+    state = dict(model.state_dict())
+    g = _Graph()
+
+    # -- shared inputs: lengths and the left-padding mask, computed once per run
+    mask_shape = g.node("Shape", ["attention_mask"], name="mask_shape")[0]
+    ids_shape = g.node("Shape", ["input_ids"], name="ids_shape")[0]
+    zero = g.weight("const/zero", np.array([0], np.int64))
+    one = g.weight("const/one", np.array([1], np.int64))
+    batch = g.node("Gather", [mask_shape, zero], name="batch")[0]
+    total = g.node("Gather", [mask_shape, one], name="total")[0]  # [1] = past + S
+    seq = g.node("Gather", [ids_shape, one], name="seq")[0]
+    total_i32 = g.node("Cast", [total], name="total_i32", to=TensorProto.INT32)[0]
+    total_len = g.node("Squeeze", [total_i32, zero], name="total_len")[0]  # scalar
+    last = g.node(
+        "Sub", [total_i32, g.weight("const/one_i32", np.array([1], np.int32))], name="last"
+    )[0]
+    seqlens_k = g.node("Expand", [last, batch], name="seqlens_k")[0]  # every row is full
+    maskf = g.node("Cast", ["attention_mask"], name="mask_f", to=TensorProto.FLOAT)[0]
+    blocked = g.node(
+        "Sub", [g.weight("const/onef", np.array(1.0, np.float32)), maskf], name="blocked"
+    )[0]
+    bias2d = g.node(
+        "Mul", [blocked, g.weight("const/masked", np.array(_MASKED, np.float32))], name="bias2d"
+    )[0]
+    bias4d = g.node(
+        "Unsqueeze", [bias2d, g.weight("const/axes12", np.array([1, 2], np.int64))], name="bias4d"
+    )[0]
+    bias_shape = g.node("Concat", [batch, one, seq, total], name="bias_shape", axis=0)[0]
+    attn_bias = g.node("Expand", [bias4d, bias_shape], name="attention_bias")[0]
+
+    cos, sin = rotary_caches(model, head_dim)
+    cos_name, sin_name = g.weight("rotary/cos", cos), g.weight("rotary/sin", sin)
+
+    embed = _np(state["model.embed_tokens.weight"])
+    hidden = g.node(
+        "Gather", [g.weight("model.embed_tokens.weight", embed), "input_ids"], name="embed"
+    )[0]
+    normed = g.node(
+        "SimplifiedLayerNormalization",
+        [
+            hidden,
+            g.weight("layers.0.input_norm", _np(state["model.layers.0.input_layernorm.weight"])),
+        ],
+        name="layers.0/input_norm",
+        axis=-1,
+        epsilon=eps,
+        stash_type=1,
+    )[0]
+    residual = hidden
+    presents: list[str] = []
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        attn = p + "self_attn."
+        qkv_w = np.concatenate(
+            [_np(state[attn + f"{n}_proj.weight"]) for n in ("q", "k", "v")], axis=0
+        ).T
+        qkv = g.node(
+            "MatMul", [normed, g.weight(f"layers.{i}.qkv.weight", qkv_w)], name=f"layers.{i}/qkv"
+        )[0]
+        if attn + "q_proj.bias" in state:
+            qkv_b = np.concatenate([_np(state[attn + f"{n}_proj.bias"]) for n in ("q", "k", "v")])
+            qkv = g.node(
+                "Add", [qkv, g.weight(f"layers.{i}.qkv.bias", qkv_b)], name=f"layers.{i}/qkv_bias"
+            )[0]
+        present_k, present_v = f"present.{i}.key", f"present.{i}.value"
+        presents += [present_k, present_v]
+        context = g.node(
+            "GroupQueryAttention",
+            [
+                qkv,
+                "",
+                "",
+                f"past_key_values.{i}.key",
+                f"past_key_values.{i}.value",
+                seqlens_k,
+                total_len,
+                cos_name,
+                sin_name,
+                "position_ids",
+                attn_bias,
+            ],
+            [f"layers.{i}/attn/out", present_k, present_v],
+            name=f"layers.{i}/attn",
+            domain="com.microsoft",
+            num_heads=heads,
+            kv_num_heads=kv_heads,
+            do_rotary=1,
+            rotary_interleaved=0,
+            scale=float(head_dim**-0.5),
+        )[0]
+        o_w = _np(state[attn + "o_proj.weight"]).T
+        attn_out = g.node(
+            "MatMul", [context, g.weight(f"layers.{i}.o.weight", o_w)], name=f"layers.{i}/o"
+        )[0]
+        post = g.weight(f"layers.{i}.post_norm", _np(state[p + "post_attention_layernorm.weight"]))
+        normed, _, _, residual = g.node(
+            "SkipSimplifiedLayerNormalization",
+            [attn_out, residual, post],
+            [f"layers.{i}/post_norm/out", "", "", f"layers.{i}/post_norm/sum"],
+            name=f"layers.{i}/post_norm",
+            domain="com.microsoft",
+            epsilon=eps,
+        )
+        gate_up_w = np.concatenate(
+            [_np(state[p + "mlp.gate_proj.weight"]), _np(state[p + "mlp.up_proj.weight"])], axis=0
+        ).T
+        gate_up = g.node(
+            "MatMul",
+            [normed, g.weight(f"layers.{i}.gate_up.weight", gate_up_w)],
+            name=f"layers.{i}/gate_up",
+        )[0]
+        gate, up = g.node("Split", [gate_up], 2, name=f"layers.{i}/split", axis=-1, num_outputs=2)
+        silu = g.node(
+            "QuickGelu", [gate], name=f"layers.{i}/silu", domain="com.microsoft", alpha=1.0
+        )[0]  # x * sigmoid(x): SiLU
+        act = g.node("Mul", [silu, up], name=f"layers.{i}/swiglu")[0]
+        down_w = _np(state[p + "mlp.down_proj.weight"]).T
+        mlp_out = g.node(
+            "MatMul", [act, g.weight(f"layers.{i}.down.weight", down_w)], name=f"layers.{i}/down"
+        )[0]
+        if i + 1 < layers:
+            gamma = _np(state[f"model.layers.{i + 1}.input_layernorm.weight"])
+            norm_name = f"layers.{i + 1}.input_norm"
+        else:
+            gamma, norm_name = _np(state["model.norm.weight"]), "final_norm"
+        normed, _, _, residual = g.node(
+            "SkipSimplifiedLayerNormalization",
+            [mlp_out, residual, g.weight(norm_name, gamma)],
+            [f"{norm_name}/out", "", "", f"{norm_name}/sum" if i + 1 < layers else ""],
+            name=norm_name,
+            domain="com.microsoft",
+            epsilon=eps,
+        )
+    head = state.get("lm_head.weight", state["model.embed_tokens.weight"])
+    g.node("MatMul", [normed, g.weight("lm_head.weight", _np(head).T)], ["logits"], name="lm_head")
+
+    fp32 = TensorProto.FLOAT
+    cache_in = ["batch", kv_heads, "past_sequence_length", head_dim]
+    cache_out = ["batch", kv_heads, "total_sequence_length", head_dim]
+    inputs = [
+        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence_length"]),
+        helper.make_tensor_value_info(
+            "attention_mask", TensorProto.INT64, ["batch", "total_sequence_length"]
+        ),
+        helper.make_tensor_value_info(
+            "position_ids", TensorProto.INT64, ["batch", "sequence_length"]
+        ),
+    ]
+    outputs = [
+        helper.make_tensor_value_info(
+            "logits", fp32, ["batch", "sequence_length", int(config.vocab_size)]
+        )
+    ]
+    for i in range(layers):
+        for kind in ("key", "value"):
+            inputs.append(
+                helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", fp32, cache_in)
+            )
+            outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", fp32, cache_out))
+    graph = helper.make_graph(g.nodes, "nbresponses-fused", inputs, outputs, g.initializers)
+    return helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)],
+        producer_name="nbresponses.fused",
+    )
+
+
+def save_model(model: Any, target: Path) -> None:
+    """Save, with the weights in a side file when the graph is beyond protobuf's 2 GB."""
+    import onnx
+
+    large = model.ByteSize() > 1_900_000_000
+    onnx.save_model(
+        model,
+        str(target),
+        save_as_external_data=large,
+        all_tensors_to_one_file=True,
+        location=target.name + ".data",
+    )
