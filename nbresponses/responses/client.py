@@ -18,10 +18,8 @@ from openai.types.responses.response_text_config import ResponseTextConfig
 from openai.types.shared.response_format_text import ResponseFormatText
 
 from nbresponses.engine.types import SamplingParams, TokenSource
-from nbresponses.formats.chat import TemplateCapabilities, render, tool_schema
-from nbresponses.formats.detokenize import TokenBytes
-from nbresponses.responses.conversation import to_chat
 from nbresponses.responses.errors import bad_request, response_not_found, unsupported
+from nbresponses.responses.formatting import FormatName, ModelFormat, select_format
 from nbresponses.responses.ids import new_id
 from nbresponses.responses.run import Generation, ResponseRun
 from nbresponses.responses.store import Record, ResponseStore
@@ -32,7 +30,16 @@ TERMINAL = ("completed", "incomplete", "failed", "cancelled")
 
 
 class AsyncResponsesClient:
-    """A local stand-in for ``openai.AsyncOpenAI`` with the Responses API only."""
+    """A local stand-in for ``openai.AsyncOpenAI`` with the Responses API only.
+
+    ``format`` says how the model reads and writes tokens: "auto" (gpt-oss when ``config`` has
+    ``model_type == "gpt_oss"`` or the tokenizer knows harmony's tokens, else the tokenizer's
+    chat template), "chat", "harmony", or a ``ModelFormat`` object. gpt-oss models also get
+    built-in tools: python (when a request lists ``{"type": "code_interpreter"}``; it runs in
+    a ``PythonSandbox`` with ``python_timeout`` per cell) and, when ``browser`` is a
+    ``BrowserBackend``, the browser (``{"type": "web_search"}``). ``max_tool_calls`` bounds
+    the built-in calls of one response (a request may ask for fewer).
+    """
 
     def __init__(
         self,
@@ -40,12 +47,26 @@ class AsyncResponsesClient:
         tokenizer: Any,
         *,
         model: str,
+        format: FormatName | ModelFormat = "auto",
+        config: Any = None,
+        browser: Any = None,
+        python_timeout: float = 120.0,
+        max_tool_calls: int = 16,
         store_max_responses: int = 1000,
         store_max_bytes: int = 64 * 2**20,
     ) -> None:
         self.source = source
         self.tokenizer = tokenizer
         self.model = model
+        self.format = select_format(
+            format,
+            source=source,
+            tokenizer=tokenizer,
+            config=config,
+            browser=browser,
+            python_timeout=python_timeout,
+            max_tool_calls=max_tool_calls,
+        )
         self.store = ResponseStore(store_max_responses, store_max_bytes)
         self.responses = AsyncResponses(self)
 
@@ -100,8 +121,6 @@ class AsyncResponses:
 
     def __init__(self, client: AsyncResponsesClient) -> None:
         self._client = client
-        self._bytes = TokenBytes(client.tokenizer)
-        self._caps = TemplateCapabilities.of(client.tokenizer)
         self.input_items = AsyncInputItems(client)
 
     # -- create ---------------------------------------------------------------------------
@@ -138,19 +157,9 @@ class AsyncResponses:
                     param="previous_response_id",
                 )
             context = parent.history()
-        if req.reasoning is not None and req.reasoning.effort is not None and not self._caps.effort:
-            raise unsupported(
-                "reasoning.effort", "this model's chat template has no reasoning switch."
-            )
-        tools = [tool_schema(t.name, t.description, t.parameters) for t in req.tools]
-        prompt = render(
-            client.tokenizer,
-            to_chat([*context, *req.input], req.instructions),
-            tools=tools,
-            tool_mode=req.tool_mode,  # type: ignore[arg-type]
-            forced_tool=req.forced_tool,
-            reasoning_effort=req.reasoning.effort if req.reasoning else None,
-        )
+        history = [*context, *req.input]
+        client.format.check(req, history)
+        prompt = client.format.render(req, history)
         room = client.source.context_length - len(prompt.ids)
         if room < 1:
             raise bad_request(
@@ -159,25 +168,16 @@ class AsyncResponses:
                 param="input",
                 code="context_length_exceeded",
             )
-        max_tokens = min(req.max_output_tokens or room, room)
         params = SamplingParams(
-            max_tokens=max_tokens,
+            max_tokens=req.max_output_tokens or client.source.context_length,
             temperature=req.temperature,
             top_p=req.top_p,
-            stop_token_ids=tuple(client.source.eos_token_ids),
+            stop_token_ids=prompt.stop_token_ids,
             logprobs=req.logprobs,
             top_logprobs=req.top_logprobs,
         )
-        generation = Generation(
-            prompt_ids=prompt.ids,
-            params=params,
-            prefill=prompt.prefill,
-            tools=bool(tools) and req.tool_mode != "none",
-            parallel_tool_calls=req.parallel_tool_calls,
-        )
-        run = ResponseRun(
-            self._response(req), client.source, client.tokenizer, self._bytes, generation
-        )
+        generation = Generation(prompt_ids=prompt.ids, params=params, decoder=prompt.decoder)
+        run = ResponseRun(self._response(req), client.source, generation)
         record = Record(run=run, input=req.input, context=context, background=req.background)
         run.builder.created()
         if req.background:
@@ -213,7 +213,7 @@ class AsyncResponses:
             top_p=req.top_p,
             top_logprobs=req.top_logprobs,
             tool_choice=req.tool_choice,
-            tools=req.tools,
+            tools=req.all_tools,
             reasoning=req.reasoning,
             text=ResponseTextConfig(format=ResponseFormatText(type="text")),
             truncation="disabled",

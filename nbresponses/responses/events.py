@@ -15,6 +15,12 @@ from typing import Any, Literal
 
 from openai.types.responses import (
     Response,
+    ResponseCodeInterpreterCallCodeDeltaEvent,
+    ResponseCodeInterpreterCallCodeDoneEvent,
+    ResponseCodeInterpreterCallCompletedEvent,
+    ResponseCodeInterpreterCallInProgressEvent,
+    ResponseCodeInterpreterCallInterpretingEvent,
+    ResponseCodeInterpreterToolCall,
     ResponseCompletedEvent,
     ResponseContentPartAddedEvent,
     ResponseContentPartDoneEvent,
@@ -25,6 +31,7 @@ from openai.types.responses import (
     ResponseFunctionCallArgumentsDeltaEvent,
     ResponseFunctionCallArgumentsDoneEvent,
     ResponseFunctionToolCall,
+    ResponseFunctionWebSearch,
     ResponseIncompleteEvent,
     ResponseInProgressEvent,
     ResponseOutputItemAddedEvent,
@@ -39,6 +46,9 @@ from openai.types.responses import (
     ResponseTextDeltaEvent,
     ResponseTextDoneEvent,
     ResponseUsage,
+    ResponseWebSearchCallCompletedEvent,
+    ResponseWebSearchCallInProgressEvent,
+    ResponseWebSearchCallSearchingEvent,
 )
 from openai.types.responses import response_content_part_added_event as part_added
 from openai.types.responses import response_content_part_done_event as part_done
@@ -48,9 +58,12 @@ from openai.types.responses import response_text_done_event as text_done
 from openai.types.responses.response import IncompleteDetails
 from openai.types.responses.response_reasoning_item import Content
 
+from nbresponses.engine.types import TokenLogprob as EngineLogprob
 from nbresponses.responses.ids import new_id
 
 ItemStatus = Literal["completed", "incomplete"]
+ToolStatus = Literal["completed", "incomplete", "failed"]
+Phase = Literal["commentary", "final_answer"]
 Terminal = Literal["completed", "incomplete", "failed", "cancelled"]
 
 
@@ -62,6 +75,13 @@ class TokenLogprob:
     bytes: list[int]
     logprob: float
     top: list[tuple[str, list[int], float]]
+
+    @classmethod
+    def from_engine(cls, lp: EngineLogprob, token_bytes: Any) -> TokenLogprob:
+        """From the engine's ids; ``token_bytes.get(id)`` gives (display string, bytes)."""
+        token, raw = token_bytes.get(lp.token_id)
+        top = [(*token_bytes.get(t), v) for t, v in lp.top]
+        return cls(token=token, bytes=raw, logprob=float(lp.logprob), top=top)
 
     def for_output(self) -> output_text.Logprob:
         tops = [output_text.LogprobTopLogprob(token=t, bytes=b, logprob=v) for t, b, v in self.top]
@@ -88,6 +108,7 @@ class EventBuilder:
         self._item: Any = None  # the open output item
         self._text = ""
         self._logprobs: list[TokenLogprob] = []
+        self._code_done = False  # the open code interpreter call's code.done went out
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -108,6 +129,7 @@ class EventBuilder:
         self._item = item
         self._text = ""
         self._logprobs = []
+        self._code_done = False
         self._send(
             ResponseOutputItemAddedEvent,
             type="response.output_item.added",
@@ -127,6 +149,11 @@ class EventBuilder:
     @property
     def open_kind(self) -> str | None:
         return None if self._item is None else self._item.type
+
+    @property
+    def current(self) -> Any:
+        """The open output item (the live object in ``response.output``), or None."""
+        return self._item
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -181,20 +208,22 @@ class EventBuilder:
             self._close_message(status)
         elif kind == "reasoning":
             self._close_reasoning(status)
+        elif kind == "code_interpreter_call":
+            self.close_code(status)
+        elif kind == "web_search_call":
+            self.close_web_search(None, status)
         else:
             self.close_call(self._item.arguments, status)
 
-    def open_message(self) -> None:
+    def open_message(self, phase: Phase | None = None) -> None:
+        """A new assistant message; ``phase`` labels harmony's commentary vs final answers."""
         self.close()
-        self._add(
-            ResponseOutputMessage(
-                type="message",
-                id=new_id("msg"),
-                role="assistant",
-                status="in_progress",
-                content=[],
-            )
+        message = ResponseOutputMessage(
+            type="message", id=new_id("msg"), role="assistant", status="in_progress", content=[]
         )
+        if phase is not None:
+            message.phase = phase
+        self._add(message)
         part = ResponseOutputText(type="output_text", text="", annotations=[], logprobs=[])
         self._item.content.append(part)
         self._part_event(ResponseContentPartAddedEvent, "response.content_part.added", part)
@@ -313,5 +342,108 @@ class EventBuilder:
             output_index=self._index,
             arguments=arguments,
         )
+        self._item.status = status
+        self._item_done()
+
+    # -- built-in tools (gpt-oss) --------------------------------------------------------
+
+    def _tool_event(self, cls: type, kind: str) -> None:
+        self._send(cls, type=kind, item_id=self._item.id, output_index=self._index)
+
+    def open_code(self, container_id: str) -> None:
+        """A code interpreter call whose code is about to stream."""
+        self.close()
+        self._add(
+            ResponseCodeInterpreterToolCall(
+                type="code_interpreter_call",
+                id=new_id("ci"),
+                code="",
+                container_id=container_id,
+                outputs=None,
+                status="in_progress",
+            )
+        )
+        self._tool_event(
+            ResponseCodeInterpreterCallInProgressEvent, "response.code_interpreter_call.in_progress"
+        )
+
+    def code_delta(self, text: str) -> None:
+        self._item.code += text
+        self._send(
+            ResponseCodeInterpreterCallCodeDeltaEvent,
+            type="response.code_interpreter_call_code.delta",
+            item_id=self._item.id,
+            output_index=self._index,
+            delta=text,
+        )
+
+    def code_done(self) -> None:
+        """The code is complete (the item stays open until it has run, or is given up)."""
+        if self._code_done:
+            return
+        self._code_done = True
+        self._send(
+            ResponseCodeInterpreterCallCodeDoneEvent,
+            type="response.code_interpreter_call_code.done",
+            item_id=self._item.id,
+            output_index=self._index,
+            code=self._item.code,
+        )
+
+    def code_interpreting(self) -> None:
+        self.code_done()
+        self._item.status = "interpreting"
+        self._tool_event(
+            ResponseCodeInterpreterCallInterpretingEvent,
+            "response.code_interpreter_call.interpreting",
+        )
+
+    def close_code(self, status: ToolStatus, outputs: list[dict[str, Any]] | None = None) -> None:
+        """Finish the code interpreter call: "completed" when it ran, else never run."""
+        self.code_done()
+        if status == "completed":
+            if outputs is not None:
+                self._item.outputs = ResponseCodeInterpreterToolCall.model_validate(
+                    {**self._item.model_dump(), "outputs": outputs}
+                ).outputs
+            self._tool_event(
+                ResponseCodeInterpreterCallCompletedEvent,
+                "response.code_interpreter_call.completed",
+            )
+        self._item.status = status
+        self._item_done()
+
+    def open_web_search(self, action: dict[str, Any]) -> None:
+        """A browser call (its arguments are complete: harmony streams none of them)."""
+        self.close()
+        self._add(
+            ResponseFunctionWebSearch.model_validate(
+                {
+                    "type": "web_search_call",
+                    "id": new_id("ws"),
+                    "status": "in_progress",
+                    "action": action,
+                }
+            )
+        )
+        self._tool_event(
+            ResponseWebSearchCallInProgressEvent, "response.web_search_call.in_progress"
+        )
+
+    def web_searching(self) -> None:
+        """The backend is being asked."""
+        self._item.status = "searching"
+        self._tool_event(ResponseWebSearchCallSearchingEvent, "response.web_search_call.searching")
+
+    def close_web_search(self, action: dict[str, Any] | None, status: ToolStatus) -> None:
+        """Finish the browser call; ``action`` (with the URL filled in) replaces the first one."""
+        if action is not None:
+            self._item.action = ResponseFunctionWebSearch.model_validate(
+                {**self._item.model_dump(), "action": action}
+            ).action
+        if status == "completed":
+            self._tool_event(
+                ResponseWebSearchCallCompletedEvent, "response.web_search_call.completed"
+            )
         self._item.status = status
         self._item_done()

@@ -2,9 +2,11 @@
 
 Accepted: a string (one user message); or a list of items given as dicts or SDK models:
 messages (roles user / system / developer / assistant; string content or ``input_text`` /
-``output_text`` parts), ``function_call``, ``function_call_output`` and ``reasoning`` items
-(with or without id / status). Items keep their id when they have one; others get one, so
-``input_items.list`` can page them like OpenAI does.
+``output_text`` parts; an assistant ``phase`` is kept), ``function_call``,
+``function_call_output`` and ``reasoning`` items (with or without id / status), and the
+built-in tool items of gpt-oss models, ``code_interpreter_call`` and ``web_search_call``
+(which model can read them is the format's call, see ``formats.py``). Items keep their id
+when they have one; others get one, so ``input_items.list`` can page them like OpenAI does.
 """
 
 from __future__ import annotations
@@ -12,9 +14,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import pydantic
 from openai.types.responses import (
+    ResponseCodeInterpreterToolCall,
     ResponseFunctionToolCallItem,
     ResponseFunctionToolCallOutputItem,
+    ResponseFunctionWebSearch,
     ResponseInputMessageItem,
     ResponseInputText,
     ResponseOutputMessage,
@@ -32,7 +37,13 @@ InputItem = (
     | ResponseFunctionToolCallItem
     | ResponseFunctionToolCallOutputItem
     | ResponseReasoningItem
+    | ResponseCodeInterpreterToolCall
+    | ResponseFunctionWebSearch
 )
+BUILTIN_ITEMS = {
+    "code_interpreter_call": (ResponseCodeInterpreterToolCall, "ci"),
+    "web_search_call": (ResponseFunctionWebSearch, "ws"),
+}
 
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
@@ -69,7 +80,13 @@ def _item(item: dict[str, Any], where: str) -> InputItem:
         role = item.get("role")
         if role not in ("user", "system", "developer", "assistant"):
             raise bad_request(f"Invalid '{where}.role': {role!r}.", param=f"{where}.role")
-        return _message(role, _text(item.get("content"), f"{where}.content"), item.get("id"), where)
+        text = _text(item.get("content"), f"{where}.content")
+        message = _message(role, text, item.get("id"), where)
+        if role == "assistant" and item.get("phase") is not None:
+            if item["phase"] not in ("commentary", "final_answer"):
+                raise bad_request(f"Invalid '{where}.phase'.", param=f"{where}.phase")
+            message.phase = item["phase"]  # type: ignore[union-attr]
+        return message
     if kind == "function_call":
         return ResponseFunctionToolCallItem(
             type="function_call",
@@ -110,9 +127,18 @@ def _item(item: dict[str, Any], where: str) -> InputItem:
             content=content,
             status=item.get("status"),
         )
+    if kind in BUILTIN_ITEMS:
+        cls, prefix = BUILTIN_ITEMS[kind]
+        try:
+            return cls.model_validate(
+                {"id": new_id(prefix), "status": "completed", **item, "type": kind}
+            )
+        except pydantic.ValidationError as exc:
+            raise bad_request(f"Invalid {kind} item at '{where}': {exc}", param=where) from None
     raise bad_request(
         f"Unsupported input item type {kind!r} at '{where}': nbresponses accepts message, "
-        "function_call, function_call_output and reasoning items.",
+        "function_call, function_call_output, reasoning, code_interpreter_call and "
+        "web_search_call items.",
         param=f"{where}.type",
     )
 

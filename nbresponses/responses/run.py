@@ -1,58 +1,51 @@
-"""One response being generated: the token loop, the parser, the event log its readers follow.
+"""One response being generated: the token loop, the format's decoder, the event log.
 
-The run drives ``TokenSource.generate`` in its own asyncio task and appends every event to a
-log. Streams (the creator's, or ``retrieve(stream=True, starting_after=N)`` readers) follow the
-log by sequence number, so a late reader replays exactly the events after N and then continues
-live. Cancelling the task closes the source's iterator (freeing the engine's batch row) and
-keeps the partial output.
+The run drives ``TokenSource.generate`` in its own asyncio task, feeds every token to the
+format's ``Decoder`` (which calls the event builder) and appends every event to a log. When the
+decoder has a built-in tool's answer to send (gpt-oss), the run generates again from prompt +
+output + answer, within the same response and token budget. Streams (the creator's, or
+``retrieve(stream=True, starting_after=N)`` readers) follow the log by sequence number, so a
+late reader replays exactly the events after N and then continues live. Cancelling the task
+closes the source's iterator (freeing the engine's batch row) and keeps the partial output.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import deque
-from collections.abc import AsyncIterator, Sequence
+import dataclasses
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from openai.types.responses import Response, ResponseStreamEvent
 
 from nbresponses.engine.types import GenerationStats, SamplingParams, TokenSource
-from nbresponses.engine.types import TokenLogprob as EngineLogprob
-from nbresponses.formats.detokenize import IncrementalDetokenizer, TokenBytes
-from nbresponses.formats.parser import Delta, End, Event, Start, StreamParser
-from nbresponses.responses.events import EventBuilder, TokenLogprob
+from nbresponses.responses.events import EventBuilder
+from nbresponses.responses.formatting import Decoder
 from nbresponses.responses.usage import build_usage
 
 
 @dataclass(frozen=True)
 class Generation:
-    """What the token loop needs: the prompt, sampling, and how to read the output."""
+    """What the token loop needs: the prompt, sampling, and the format's reader of the output.
+
+    ``params.max_tokens`` bounds the whole response: a format with built-in tools generates in
+    rounds (prompt + output + tool answer, again), and all rounds share it.
+    """
 
     prompt_ids: Sequence[int]
     params: SamplingParams
-    prefill: str
-    tools: bool
-    parallel_tool_calls: bool
+    decoder: Callable[[EventBuilder], Decoder]
 
 
 class ResponseRun:
     """A response in flight (or finished): its builder, event log and generation task."""
 
-    def __init__(
-        self,
-        response: Response,
-        source: TokenSource,
-        tokenizer: Any,
-        token_bytes: TokenBytes,
-        generation: Generation,
-    ) -> None:
+    def __init__(self, response: Response, source: TokenSource, generation: Generation) -> None:
         self.events: list[ResponseStreamEvent] = []
         self.builder = EventBuilder(response, self._append)
+        self.decoder = generation.decoder(self.builder)
         self._source = source
-        self._tokenizer = tokenizer
-        self._bytes = token_bytes
         self._gen = generation
         self._changed = asyncio.Event()
         self.done = asyncio.Event()
@@ -99,94 +92,46 @@ class ResponseRun:
 
     async def _run(self) -> None:
         b = self.builder
-        gen = self._gen
-        stats = GenerationStats()
-        detok = IncrementalDetokenizer(self._tokenizer)
-        parser = StreamParser(tools=gen.tools, prefill=gen.prefill)
-        eos = set(self._source.eos_token_ids)
-        pending: deque[tuple[int, TokenLogprob | None]] = deque()  # (text start, logprob)
-        counts = {"output": 0, "reasoning": 0}
-        carry: list[TokenLogprob] = []  # text logprobs waiting for the next text delta
-        calls = 0
+        decoder = self.decoder
+        stats = GenerationStats()  # summed over rounds
+        prompt = list(self._gen.prompt_ids)
+        output_tokens = 0
         finish, error = "stop", None
-        cut = False  # set at the end when generation stopped before the model finished
-
-        def take(end: int) -> list[TokenLogprob | None]:
-            taken = []
-            while pending and pending[0][0] < end:
-                taken.append(pending.popleft()[1])
-            return taken
-
-        def handle(events: list[Event]) -> None:
-            nonlocal calls
-            for ev in events:
-                taken = take(ev.end)
-                if ev.kind == "reasoning":
-                    counts["reasoning"] += len(taken)
-                elif ev.kind == "text" and isinstance(ev, Delta):
-                    # tokens before a text Start were trimmed whitespace: not part of the text
-                    carry.extend(lp for lp in taken if lp is not None)
-                if isinstance(ev, Start):
-                    if ev.kind == "text":
-                        b.open_message()
-                    elif ev.kind == "reasoning":
-                        b.open_reasoning()
-                    else:
-                        b.open_call(ev.name)
-                elif isinstance(ev, Delta):
-                    if ev.kind == "text":
-                        b.text_delta(ev.text, carry[:])
-                        carry.clear()
-                    elif ev.kind == "reasoning":
-                        b.reasoning_delta(ev.text)
-                    else:
-                        b.arguments_delta(ev.text)
-                elif isinstance(ev, End):
-                    if ev.kind == "tool_call":
-                        b.close_call(ev.arguments, "completed" if ev.valid else "incomplete")
-                        calls += 1
-                    else:
-                        b.close("incomplete" if cut else "completed")
-                    carry.clear()
-
         b.in_progress()
-        steps = self._source.generate(gen.prompt_ids, gen.params, stats)
         try:
-            async for step in steps:
-                logprobs = step.logprobs or ()
-                for i, token in enumerate(step.token_ids):
-                    counts["output"] += 1
-                    if token in eos:
-                        continue
-                    lp = self._logprob(logprobs[i]) if i < len(logprobs) else None
-                    pending.append((len(detok.text), lp))
-                    text = detok.push(token)
-                    if text:
-                        handle(parser.feed(text))
-                if step.finish_reason is not None:
-                    finish, error = step.finish_reason, step.error
+            while True:
+                budget = min(
+                    self._gen.params.max_tokens - output_tokens,
+                    self._source.context_length - len(prompt),
+                )
+                if budget < 1:
+                    finish = "length"
                     break
-                if calls and not gen.parallel_tool_calls:
-                    break  # one call was asked for and it is complete
+                params = dataclasses.replace(self._gen.params, max_tokens=budget)
+                round_stats = GenerationStats()
+                generated: list[int] = []
+                try:
+                    finish, error = await self._round(prompt, params, round_stats, generated)
+                finally:
+                    output_tokens += len(generated)
+                    _add_stats(stats, round_stats, len(prompt))
+                if finish != "stop":
+                    break
+                more = await decoder.follow_up()
+                if more is None:
+                    break
+                prompt = [*prompt, *generated, *more]
         except asyncio.CancelledError:
             finish = "cancelled"
-        except Exception as exc:  # the engine failed: this response fails, nothing else
+        except Exception as exc:  # a tool runner failed: this response fails, nothing else
             finish, error = "error", f"{type(exc).__name__}: {exc}"
-        finally:
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await steps.aclose()  # type: ignore[attr-defined]
         try:
-            tail = detok.flush()
-            events = parser.feed(tail) if tail else []
-            events += parser.finish()
-            cut = finish != "stop"  # what is still open was cut off
-            handle(events)
-            take(1 << 62)
+            decoder.finish(cut=finish != "stop")  # what is still open was cut off
             usage = build_usage(
                 stats,
-                prompt_tokens=len(gen.prompt_ids),
-                output_tokens=counts["output"],
-                reasoning_tokens=counts["reasoning"],
+                prompt_tokens=len(self._gen.prompt_ids),
+                output_tokens=output_tokens,
+                reasoning_tokens=decoder.reasoning_tokens,
             )
             if finish == "stop":
                 b.finish("completed", usage)
@@ -197,14 +142,49 @@ class ResponseRun:
             else:
                 b.finish("failed", usage, error=error)
         finally:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await decoder.aclose()
             self.done.set()
             self._append_nothing()
+
+    async def _round(
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        stats: GenerationStats,
+        generated: list[int],
+    ) -> tuple[str, str | None]:
+        """One engine request; feeds the decoder, fills ``generated``; (finish, error)."""
+        finish, error = "stop", None
+        steps = self._source.generate(prompt, params, stats)
+        try:
+            async for step in steps:
+                logprobs = step.logprobs or ()
+                for i, token in enumerate(step.token_ids):
+                    generated.append(token)
+                    self.decoder.feed(token, logprobs[i] if i < len(logprobs) else None)
+                if step.finish_reason is not None:
+                    finish, error = step.finish_reason, step.error
+                    break
+                if self.decoder.stop:
+                    break  # one call was asked for and it is complete
+        except Exception as exc:  # the engine failed: this response fails, nothing else
+            finish, error = "error", f"{type(exc).__name__}: {exc}"
+        finally:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await steps.aclose()  # type: ignore[attr-defined]
+        return finish, error
 
     def _append_nothing(self) -> None:
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
-    def _logprob(self, lp: EngineLogprob) -> TokenLogprob:
-        token, raw = self._bytes.get(lp.token_id)
-        top = [(*self._bytes.get(t), v) for t, v in lp.top]
-        return TokenLogprob(token=token, bytes=raw, logprob=float(lp.logprob), top=top)
+
+def _add_stats(total: GenerationStats, one: GenerationStats, prompt_tokens: int) -> None:
+    """Usage over rounds: every round's prompt is input again (most of it cached), as OpenAI
+    counts a response that called built-in tools."""
+    total.prompt_tokens += one.prompt_tokens or prompt_tokens
+    total.cached_tokens += one.cached_tokens
+    total.output_tokens += one.output_tokens
+    if total.first_token_time is None:
+        total.first_token_time = one.first_token_time

@@ -27,8 +27,15 @@ class Record:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def history(self) -> list[Any]:
-        """The conversation through this response's output: what a child continues from."""
-        return [*self.context, *self.input, *self.run.response.output]
+        """The conversation through this response's output: what a child continues from.
+
+        Output items are taken as the model saw them (``decoder.replay``): e.g. a code
+        interpreter call keeps its logs for the next turn even when the response leaves its
+        ``outputs`` out.
+        """
+        replay = self.run.decoder.replay
+        output = [replay.get(getattr(i, "id", None) or "", i) for i in self.run.response.output]
+        return [*self.context, *self.input, *output]
 
     def measure(self) -> int:
         items = [*self.input, *self.run.response.output]

@@ -16,8 +16,9 @@ from typing import Any
 
 import openai
 from openai.resources.responses import AsyncResponses
-from openai.types.responses import FunctionTool
+from openai.types.responses import FunctionTool, Tool
 from openai.types.shared import Reasoning
+from pydantic import TypeAdapter, ValidationError
 
 from nbresponses.responses.errors import bad_request, not_found, unsupported
 from nbresponses.responses.items import InputItem, normalize_input
@@ -25,6 +26,13 @@ from nbresponses.responses.items import InputItem, normalize_input
 TRANSPORT = ("extra_headers", "extra_query", "timeout")
 SDK_PARAMETERS = frozenset(inspect.signature(AsyncResponses.create).parameters) - {"self"}
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
+OUTPUTS_INCLUDE = "code_interpreter_call.outputs"
+INCLUDABLE = (LOGPROBS_INCLUDE, OUTPUTS_INCLUDE)
+CODE_INTERPRETER = ("code_interpreter",)
+WEB_SEARCH = (
+    "web_search", "web_search_2025_08_26", "web_search_preview", "web_search_preview_2025_03_11"
+)  # fmt: skip
+TOOL = TypeAdapter(Tool)
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
 # Accepted because they are labels echoed on the Response, with no behaviour to honour.
@@ -33,7 +41,7 @@ ECHOED = ("user", "safety_identifier", "prompt_cache_key")
 REJECTED = frozenset(
     {
         "access_programs", "background_options", "context_management", "conversation", "image",
-        "max_tool_calls", "moderation", "prompt", "prompt_cache_options",
+        "moderation", "prompt", "prompt_cache_options",
         "prompt_cache_retention", "service_tier", "verbosity",
     }
 )  # fmt: skip
@@ -57,6 +65,9 @@ class CreateRequest:
     logprobs: bool = False
     include: list[str] = field(default_factory=list)
     tools: list[FunctionTool] = field(default_factory=list)
+    builtin_tools: list[Tool] = field(default_factory=list)  # code_interpreter, web_search
+    all_tools: list[Tool] = field(default_factory=list)  # as given, for the Response
+    max_tool_calls: int | None = None
     tool_choice: Any = "auto"
     tool_mode: str = "auto"  # none / auto / required
     forced_tool: str | None = None
@@ -108,7 +119,10 @@ def parse_create(kwargs: Mapping[str, Any], *, model: str) -> CreateRequest:
     req.include = _include(params.get("include", []))
     # top_logprobs > 0 asks for alternatives, which only make sense with the logprobs.
     req.logprobs = LOGPROBS_INCLUDE in req.include or req.top_logprobs > 0
-    req.tools = _tools(params.get("tools", []))
+    req.all_tools = _tools(params.get("tools", []))
+    req.tools = [t for t in req.all_tools if isinstance(t, FunctionTool)]
+    req.builtin_tools = [t for t in req.all_tools if not isinstance(t, FunctionTool)]
+    req.max_tool_calls = _int(params, "max_tool_calls", 1, None)
     _tool_choice(req, params.get("tool_choice", "auto"))
     req.parallel_tool_calls = _bool(params, "parallel_tool_calls", True)
     req.metadata = _metadata(params.get("metadata"))
@@ -166,22 +180,32 @@ def _include(value: Any) -> list[str]:
     if not isinstance(value, list | tuple):
         raise bad_request("'include' must be a list.", param="include")
     for i, v in enumerate(value):
-        if v != LOGPROBS_INCLUDE:
-            raise unsupported(f"include[{i}]", f"{v!r} (only '{LOGPROBS_INCLUDE}').")
+        if v not in INCLUDABLE:
+            allowed = " and ".join(f"'{x}'" for x in INCLUDABLE)
+            raise unsupported(f"include[{i}]", f"{v!r} (only {allowed}).")
     return list(value)
 
 
-def _tools(value: Any) -> list[FunctionTool]:
+def _tools(value: Any) -> list[Tool]:
+    """Function tools, plus the built-in tools gpt-oss knows (whether the model does is the
+    format's call: a chat-template model rejects them)."""
     if not isinstance(value, list | tuple):
         raise bad_request("'tools' must be a list.", param="tools")
-    tools: list[FunctionTool] = []
+    tools: list[Tool] = []
     for i, tool in enumerate(value):
         param = getattr(tool, "param", None)  # a FunctionToolSpec from function_tool()
         tool = param if isinstance(param, Mapping) else tool
         tool = tool.model_dump(exclude_none=True) if hasattr(tool, "model_dump") else tool
-        if not isinstance(tool, Mapping) or tool.get("type") != "function":
-            kind = tool.get("type") if isinstance(tool, Mapping) else type(tool).__name__
-            raise unsupported(f"tools[{i}]", f"tool type {kind!r} (only function tools).")
+        kind = tool.get("type") if isinstance(tool, Mapping) else type(tool).__name__
+        if kind in CODE_INTERPRETER or kind in WEB_SEARCH:
+            tools.append(_builtin_tool(dict(tool), f"tools[{i}]"))  # type: ignore[arg-type]
+            continue
+        if not isinstance(tool, Mapping) or kind != "function":
+            raise unsupported(
+                f"tools[{i}]",
+                f"tool type {kind!r} (function tools; code_interpreter and web_search with "
+                "gpt-oss models).",
+            )
         if not isinstance(tool.get("name"), str) or not tool["name"]:
             raise bad_request(f"Missing 'tools[{i}].name'.", param=f"tools[{i}].name")
         known = {"type", "name", "description", "parameters", "strict"}
@@ -189,10 +213,35 @@ def _tools(value: Any) -> list[FunctionTool]:
             if key not in known and tool[key] is not None:
                 raise unsupported(f"tools[{i}].{key}")
         tools.append(FunctionTool(**{k: tool[k] for k in known if k in tool}))
-    names = [t.name for t in tools]
+    names = [t.name for t in tools if isinstance(t, FunctionTool)]
     if len(set(names)) != len(names):
         raise bad_request("Tool names must be unique.", param="tools")
+    kinds = [t.type for t in tools if not isinstance(t, FunctionTool)]
+    if len(set(kinds)) != len(kinds):
+        raise bad_request("Each built-in tool may be given once.", param="tools")
     return tools
+
+
+def _builtin_tool(tool: dict[str, Any], where: str) -> Tool:
+    """A code_interpreter or web_search tool, with only the options a local run can honour."""
+    kind = tool["type"]
+    if kind in CODE_INTERPRETER:
+        container = tool.setdefault("container", {"type": "auto"})
+        if not isinstance(container, Mapping) or container.get("type") != "auto":
+            raise unsupported(
+                f"{where}.container",
+                "each response gets its own local python sandbox: use {'type': 'auto'}.",
+            )
+        for key in container:
+            if key not in ("type", "memory_limit") and container[key] is not None:
+                raise unsupported(f"{where}.container.{key}")
+    for key, v in tool.items():
+        if key not in ("type", "container") and v is not None:
+            raise unsupported(f"{where}.{key}")
+    try:
+        return TOOL.validate_python(tool)
+    except ValidationError as exc:
+        raise bad_request(f"Invalid '{where}': {exc}", param=where) from None
 
 
 def _tool_choice(req: CreateRequest, value: Any) -> None:
