@@ -69,12 +69,12 @@ def owner(run: ResponseRun) -> asyncio.AbstractEventLoop | None:
 
 
 def foreign(
-    run: ResponseRun, blocked: asyncio.AbstractEventLoop | None
+    run: ResponseRun, blocked: asyncio.AbstractEventLoop | None, *, read_only: bool = False
 ) -> asyncio.AbstractEventLoop | None:
     """The run's loop when a call must be carried there; None when it is safe to call here.
 
     A finished run is only read, which is safe from any thread; so is a run whose loop is not
-    running (closed, or stopped) because nothing can touch it concurrently.
+    running (closed, stopped, or blocked by this very call), since nothing touches it meanwhile.
     """
     loop = owner(run)
     if loop is None or run.done.is_set() or loop.is_closed() or not loop.is_running():
@@ -86,6 +86,8 @@ def foreign(
     if loop is here:
         return None
     if loop is blocked:
+        if read_only:
+            return None
         raise HTTPError(
             400,
             f"Response '{run.id}' is being generated on the event loop this synchronous call "

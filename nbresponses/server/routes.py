@@ -174,13 +174,15 @@ class ResponsesAPI:
         values = query.getlist(f"{key}[]") + query.getlist(key)
         return values or None
 
-    def _owner(self, request: Request, response_id: str) -> asyncio.AbstractEventLoop | None:
+    def _owner(
+        self, request: Request, response_id: str, *, read_only: bool = False
+    ) -> asyncio.AbstractEventLoop | None:
         """The loop to carry a call about ``response_id`` to (None: call it here)."""
         record = self.client.store.get(response_id)
         if record is None:
             return None  # the client answers 404
         blocked = request.scope.get("extensions", {}).get(BLOCKED)
-        return foreign(record.run, blocked)
+        return foreign(record.run, blocked, read_only=read_only)
 
     # -- routes -----------------------------------------------------------------------------
 
@@ -244,7 +246,7 @@ class ResponsesAPI:
             "include": self._query_list(query, "include"),
             "include_obfuscation": self._query_bool(query, "include_obfuscation"),
         }
-        loop = self._owner(request, response_id)
+        loop = self._owner(request, response_id, read_only=not stream)
         result = await on_loop(loop, lambda: self.client.responses.retrieve(response_id, **kwargs))
         if isinstance(result, ResponseEventStream):
             return self._sse(result, loop)

@@ -14,6 +14,7 @@ call from a notebook cell never waits on the loop it blocks.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import queue
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -26,6 +27,12 @@ from nbresponses.server.loops import BLOCKED, LoopThread
 ASGIApp = Callable[..., Any]
 END = object()  # the body is complete
 CLOSE_TIMEOUT = 5.0  # how long closing a response waits for the app to clean up
+
+
+def _read_timeout(request: httpx2.Request) -> float | None:
+    """The SDK's read timeout for this request: the longest wait for the head or a chunk."""
+    timeout = request.extensions.get("timeout")
+    return timeout.get("read") if isinstance(timeout, dict) else None
 
 
 def _scope(request: httpx2.Request, extensions: dict[str, Any]) -> dict[str, Any]:
@@ -127,13 +134,27 @@ class Exchange:
 
 
 class _AsyncBody(httpx2.AsyncByteStream):
-    def __init__(self, exchange: Exchange, chunks: asyncio.Queue[Any]) -> None:
+    def __init__(
+        self, exchange: Exchange, chunks: asyncio.Queue[Any], request: httpx2.Request
+    ) -> None:
         self._exchange = exchange
         self._chunks = chunks
+        self._request = request
+
+    async def _next(self) -> Any:
+        if not self._chunks.empty():
+            return self._chunks.get_nowait()
+        timeout = _read_timeout(self._request)
+        try:
+            return await asyncio.wait_for(self._chunks.get(), timeout)
+        except asyncio.TimeoutError:
+            raise httpx2.ReadTimeout(
+                "No data within the read timeout.", request=self._request
+            ) from None
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         while True:
-            item = await self._chunks.get()
+            item = await self._next()
             if item is END:
                 return
             if isinstance(item, BaseException):
@@ -154,21 +175,38 @@ class ASGIStreamTransport(httpx2.AsyncBaseTransport):
         body = await request.aread()
         chunks: asyncio.Queue[Any] = asyncio.Queue()
         exchange = Exchange(self.app, _scope(request, {}), body, chunks.put_nowait)
-        status, headers = await exchange.head()
-        return httpx2.Response(
-            status, headers=headers, stream=_AsyncBody(exchange, chunks), request=request
-        )
+        try:
+            status, headers = await asyncio.wait_for(exchange.head(), _read_timeout(request))
+        except asyncio.TimeoutError:  # the app was told the client left (see Exchange.head)
+            raise httpx2.ReadTimeout(
+                "No response within the read timeout.", request=request
+            ) from None
+        stream = _AsyncBody(exchange, chunks, request)
+        return httpx2.Response(status, headers=headers, stream=stream, request=request)
 
 
 class _SyncBody(httpx2.SyncByteStream):
-    def __init__(self, exchange: Exchange, chunks: queue.SimpleQueue[Any], loop: LoopThread):
+    def __init__(
+        self,
+        exchange: Exchange,
+        chunks: queue.SimpleQueue[Any],
+        loop: LoopThread,
+        request: httpx2.Request,
+    ) -> None:
         self._exchange = exchange
         self._chunks = chunks
         self._loop = loop
+        self._request = request
 
     def __iter__(self) -> Iterator[bytes]:
+        timeout = _read_timeout(self._request)
         while True:
-            item = self._chunks.get()
+            try:
+                item = self._chunks.get(timeout=timeout)
+            except queue.Empty:
+                raise httpx2.ReadTimeout(
+                    "No data within the read timeout.", request=self._request
+                ) from None
             if item is END:
                 return
             if isinstance(item, BaseException):
@@ -204,10 +242,14 @@ class SyncASGIStreamTransport(httpx2.BaseTransport):
 
         future = self.loop.submit(start())
         try:
-            exchange, status, headers = future.result()
+            exchange, status, headers = future.result(_read_timeout(request))
+        except concurrent.futures.TimeoutError:
+            future.cancel()  # the app is told the client left (see Exchange.head)
+            raise httpx2.ReadTimeout(
+                "No response within the read timeout.", request=request
+            ) from None
         except BaseException:  # e.g. KeyboardInterrupt from a notebook's stop button
             future.cancel()
             raise
-        return httpx2.Response(
-            status, headers=headers, stream=_SyncBody(exchange, chunks, self.loop), request=request
-        )
+        stream = _SyncBody(exchange, chunks, self.loop, request)
+        return httpx2.Response(status, headers=headers, stream=stream, request=request)

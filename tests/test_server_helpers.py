@@ -1,0 +1,160 @@
+"""Helpers for the server tests: scripted clients, a gated source, a uvicorn server in a thread."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import httpx2
+import openai
+
+from nbresponses.engine.types import GenerationStats, SamplingParams, Step
+from nbresponses.formats.scripted import Script, ScriptedTokenSource
+from nbresponses.responses.client import AsyncResponsesClient
+from nbresponses.server.inprocess import openai_client
+from nbresponses.server.serve import make_server
+
+EOS = 2
+MODEL = "smollm2"
+
+
+def ids(tokenizer: Any, text: str) -> list[int]:
+    return [*tokenizer.encode(text), EOS]
+
+
+def tool_call(name: str, arguments: dict[str, Any]) -> str:
+    """A Hermes tool call, as SmolLM2's chat template asks the model to write it."""
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+def scripted(
+    tokenizer: Any, *scripts: str | Script, delay: float = 0.0
+) -> tuple[AsyncResponsesClient, ScriptedTokenSource]:
+    source = ScriptedTokenSource(
+        [s if isinstance(s, Script) else Script(ids(tokenizer, s), delay=delay) for s in scripts],
+        eos_token_ids=(EOS,),
+    )
+    return AsyncResponsesClient(source, tokenizer, model=MODEL), source
+
+
+class GatedSource(ScriptedTokenSource):
+    """A scripted source that yields token i only once ``permit`` has been called i+1 times.
+
+    The gate makes streaming observable without timing: if a transport buffered the body,
+    a reader that permits one token per event it has seen would wait forever.
+    """
+
+    def __init__(self, scripts: Sequence[Script | Sequence[int]], **kw: Any) -> None:
+        super().__init__(scripts, **kw)
+        self.allowed = 0
+        self.produced = 0
+        self._lock = threading.Lock()
+
+    def permit(self, n: int = 1) -> None:
+        with self._lock:
+            self.allowed += n
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        stats: GenerationStats | None = None,
+    ) -> AsyncIterator[Step]:
+        inner = super().generate(prompt_ids, params, stats)
+        return self._gated(inner)
+
+    async def _gated(self, inner: AsyncIterator[Step]) -> AsyncIterator[Step]:
+        try:
+            async for step in inner:
+                if step.token_ids:
+                    while self.allowed <= self.produced:
+                        await asyncio.sleep(0.001)
+                    self.produced += 1
+                yield step
+        finally:
+            await inner.aclose()  # type: ignore[attr-defined]
+
+
+class ThreadedServer:
+    """``make_server(client)`` on uvicorn in a thread, on a free loopback port."""
+
+    def __init__(self, client: AsyncResponsesClient, **options: Any) -> None:
+        options.setdefault("log_level", "warning")
+        options.setdefault("grace", 2.0)
+        self.server = make_server(client, host="127.0.0.1", port=0, **options)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.loop.run_until_complete(self.server.serve(sockets=[self.sock]))
+        self.loop.close()
+
+    def __enter__(self) -> ThreadedServer:
+        self._thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self._thread.join(30)
+        self.sock.close()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def openai(self, *, sync: bool = False, **options: Any) -> Any:
+        options.setdefault("api_key", "unused")
+        options.setdefault("max_retries", 0)
+        if sync:
+            return openai.OpenAI(base_url=self.base_url, **options)
+        return openai.AsyncOpenAI(base_url=self.base_url, **options)
+
+    def http(self) -> httpx2.Client:
+        return httpx2.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=30)
+
+
+class Target:
+    """One way to reach a client with the openai SDK: in process, or over HTTP."""
+
+    def __init__(self, kind: str, client: AsyncResponsesClient) -> None:
+        self.kind = kind
+        self.client = client
+        self.server = ThreadedServer(client) if kind == "http" else None
+
+    def __enter__(self) -> Target:
+        if self.server is not None:
+            self.server.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+    def openai(self, *, sync: bool = False, **options: Any) -> Any:
+        if self.server is not None:
+            return self.server.openai(sync=sync, **options)
+        return openai_client(self.client, sync=sync, **options)
+
+
+async def eventually(check: Any, timeout: float = 10.0) -> None:
+    """Wait (bounded) until ``check()`` is true: for effects on another thread or process."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.01)
