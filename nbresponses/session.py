@@ -26,7 +26,11 @@ class Engine:
     def __init__(self, token_engine: OnnxEngine, **client_options: Any) -> None:
         self.token_engine = token_engine
         self._client = AsyncResponsesClient(
-            token_engine, token_engine.tokenizer, model=self.model, **client_options
+            token_engine,
+            token_engine.tokenizer,
+            model=self.model,
+            config=self.prepared.config,
+            **client_options,
         )
 
     @classmethod
