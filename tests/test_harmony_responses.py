@@ -491,3 +491,60 @@ async def test_format_detection() -> None:
         AsyncResponsesClient(source, object(), model="m", format="chat", browser=FakeBackend())
     explicit = AsyncResponsesClient(source, None, model="m", format="harmony")
     assert isinstance(explicit.format, HarmonyFormat)
+
+
+PIECES = [
+    "<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>",
+    "<|call|>", "<|endoftext|>", "assistant", "user", "analysis", "final", "commentary",
+    " to=functions.get_weather", " to=python", " to=browser.search", " to=browser.find",
+    "json", " code", '{"query": "x"}', '{"city":', "hello 🙂", "print(1)",
+]  # fmt: skip
+CHANNELS = ["analysis", "final", "commentary"]
+RECIPIENTS = ["", "", " to=functions.get_weather", " to=python", " to=browser.search", " to=x"]
+BODIES = ['{"query": "x"}', '{"city": "Bern"}', '{"city":', "hello 🙂", "print(1)", ""]
+
+
+def noisy_generation(rng, first: bool = True) -> str:
+    """Plausible harmony messages, a few of them mangled (what a random model might write)."""
+    out = []
+    for k in range(rng.randint(1, 4)):
+        parts = [] if first and k == 0 else ["<|start|>", "assistant"]
+        parts += [rng.choice(RECIPIENTS), "<|channel|>", rng.choice(CHANNELS)]
+        parts += [rng.choice(["", " <|constrain|>json", " code"]), "<|message|>"]
+        parts += [rng.choice(BODIES), rng.choice(["<|end|>", "<|end|>", "<|call|>", "<|return|>"])]
+        for _ in range(rng.choice([0, 0, 1, 3])):  # mangle: drop, replace or insert a piece
+            i = rng.randrange(len(parts))
+            op = rng.choice(["drop", "replace", "insert"])
+            if op == "drop":
+                del parts[i]
+            elif op == "replace":
+                parts[i] = rng.choice(PIECES)
+            else:
+                parts.insert(i, rng.choice(PIECES))
+        out += parts
+    return "".join(out)
+
+
+@pytest.mark.parametrize("seed", range(40))
+async def test_any_token_sequence_gives_a_well_formed_response(
+    enc: HarmonyEncoding, seed: int
+) -> None:
+    """Noise (what a random-weight model writes) never breaks the protocol."""
+    import random
+
+    rng = random.Random(seed)
+    scripts = [enc.encode(noisy_generation(rng), allowed_special="all") for _ in range(3)]
+    client, source = make_client(enc, *scripts, browser=FakeBackend())
+    limit = rng.choice([None, 5, 40])
+    kwargs = {"max_output_tokens": limit} if limit else {}
+    tools = [WEATHER, PYTHON, {"type": "web_search"}]
+    events = await stream_events(client, input="hi", tools=tools, max_tool_calls=2, **kwargs)
+    check_stream(events)
+    r = events[-1].response
+    assert r.status in ("completed", "incomplete")
+    if r.status == "completed":
+        assert dumps(fold(events).output) == dumps(r.output)
+    assert len(source.prompts) <= 3  # at most two built-in rounds were run
+    longest = max(len(s) for s in scripts)
+    assert r.usage.output_tokens <= min(limit or 10**6, longest * len(source.prompts))
+    assert r.usage.output_tokens_details.reasoning_tokens <= r.usage.output_tokens
