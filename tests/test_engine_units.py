@@ -1,4 +1,4 @@
-"""Engine building blocks on their own: sampling, logprobs, detokenizer, prefix cache, batch KV."""
+"""Engine building blocks on their own: sampling, logprobs, prefix cache, batch KV."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from nbresponses.engine import sampling
-from nbresponses.engine.detokenize import IncrementalDetokenizer
 from nbresponses.engine.kv import BatchKV, KVLayout
 from nbresponses.engine.prefix_cache import PrefixCache
 from nbresponses.engine.types import SamplingParams
@@ -59,23 +58,6 @@ def test_same_seed_same_draws():
     a = [sampling.choose(logits, params, r) for r in [sampling.make_rng(params)] * 30]
     b = [sampling.choose(logits, params, r) for r in [sampling.make_rng(params)] * 30]
     assert a == b and len(set(a)) > 1
-
-
-def test_detokenizer_never_splits_characters(tokenizer):
-    text = "Hé! 你好世界 🌊🐚 naïve café — ok\n  done"
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    detok = IncrementalDetokenizer(tokenizer)
-    deltas = [detok.feed([t]) for t in ids]
-    deltas.append(detok.flush())
-    assert "".join(deltas) == tokenizer.decode(ids)
-    assert not any("\ufffd" in d for d in deltas)
-    assert sum(1 for d in deltas if d == "") > 0  # some tokens held back partial characters
-
-
-def test_detokenizer_skips_special_tokens(tokenizer):
-    ids = [*tokenizer.encode("Paris.", add_special_tokens=False), tokenizer.eos_token_id]
-    detok = IncrementalDetokenizer(tokenizer)
-    assert "".join(detok.feed([t]) for t in ids) + detok.flush() == "Paris."
 
 
 def _row(tokens: int, fill: float) -> list[np.ndarray]:

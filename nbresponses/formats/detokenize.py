@@ -5,7 +5,7 @@ and sentencepiece tokenizers drop or add spaces depending on the neighbours. The
 method (as in vLLM and TGI) decodes a short window before and after the new token and emits the
 difference once it no longer ends in the replacement character.
 
-Kept in ``formats`` until the engine's own detokenizer lands; the two should be reconciled.
+It lives in ``formats`` because the engine speaks only token ids (see ``engine/types.py``).
 """
 
 from __future__ import annotations
