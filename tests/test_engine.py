@@ -181,10 +181,10 @@ async def test_runtime_error_fails_one_request_only(engine, prompts, references,
     run = engine.runner.run
     poison = len(prompts[3])
 
-    def flaky(ids, *args):
+    def flaky(ids, *args, **kwargs):
         if ids.shape == (1, poison):  # the prefill of prompts[3] only
             raise RuntimeError("injected failure")
-        return run(ids, *args)
+        return run(ids, *args, **kwargs)
 
     monkeypatch.setattr(engine.runner, "run", flaky)
     results = await asyncio.gather(*(collect(engine, p, GREEDY) for p in prompts))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from pathlib import Path
 
@@ -117,6 +118,58 @@ async def test_engine_greedy_matches_pytorch_batched_and_alone(tiny_fused, tiny_
         batched = await run_all(engine, prompts * 2, GREEDY)
     assert alone == expected
     assert batched == expected * 2
+
+
+async def test_in_place_kv_joins_leaves_and_grows(tiny_fused, tiny_model, tokenizer, monkeypatch):
+    """Rows join a running batch, leave it and outgrow the buffers' spare columns (headroom 3),
+    and every row still decodes as it does alone on the Optimum graph (copying KV each step)."""
+    from nbresponses.engine import kv
+
+    monkeypatch.setattr(kv, "HEADROOM", 3)
+    prompts = [chat_ids(tokenizer, text) for text in PROMPTS]
+    lengths = [SamplingParams(max_tokens=n, temperature=0) for n in (40, 5, 17, 2, 33, 9)]
+
+    async def staggered(prepared):
+        async with OnnxEngine(prepared, tokenizer=tokenizer, prefix_cache_bytes=0) as engine:
+            assert engine.runner.kv_in_place is (prepared is tiny_fused)
+            tasks = []
+            for prompt, params in zip(prompts, lengths, strict=True):
+                tasks.append(asyncio.create_task(collect(engine, prompt, params)))
+                await asyncio.sleep(0.01)
+            return [tokens(steps) for steps, _ in await asyncio.gather(*tasks)]
+
+    assert await staggered(tiny_fused) == await staggered(tiny_model)
+
+
+def test_batch_kv_in_place_matches_copying() -> None:
+    from nbresponses.engine import kv
+
+    layout = kv.KVLayout(("p.0",), ("present.0",), kv_heads=2, head_dim=4, dtype=np.float32)
+    rng = np.random.default_rng(0)
+    copying, in_place = kv.BatchKV(layout), kv.BatchKV(layout, in_place=True)
+    for batch in (copying, in_place):
+        batch.add([rng.normal(size=(2, 5, 4)).astype(np.float32)])
+    for step in range(300):  # more steps than the headroom: the buffers are re-made
+        if step in (3, 150):
+            row = [rng.normal(size=(2, 2 + step // 10, 4)).astype(np.float32)]
+            copying.add(row)
+            in_place.add(row)
+        if step == 200:
+            copying.remove([0])
+            in_place.remove([0])
+        column = rng.normal(size=(copying.size, 2, 1, 4)).astype(np.float32)
+        past = copying.inputs()[0]
+        past = past if isinstance(past, np.ndarray) else past.numpy()
+        copying.advance([np.concatenate([past, column], axis=2)])
+        buffer = in_place.inputs()[0].numpy()  # shares memory with the batch's buffer
+        assert buffer.shape[2] > in_place.length
+        in_place._values[0][:, :, in_place.length] = column[:, :, 0]
+        in_place.advance([])
+        np.testing.assert_array_equal(copying.attention_mask(), in_place.attention_mask())
+        np.testing.assert_array_equal(copying.positions(), in_place.positions())
+    for i in range(copying.size):
+        np.testing.assert_array_equal(copying.row(i)[0], in_place.row(i)[0])
+    assert in_place.capacity - in_place.length <= kv.HEADROOM + 1
 
 
 def test_unsupported_architectures_are_refused_with_the_reason() -> None:

@@ -5,6 +5,12 @@ than L is padded on the left and masked out by ``attention_mask``, and its posit
 only its own tokens, so padding changes nothing but the width of the attention. Between steps the
 tensors stay ONNX Runtime OrtValues (the previous step's ``present.*`` outputs fed back as
 ``past_key_values.*``); they become numpy arrays only when rows join or leave.
+
+In-place mode (graphs whose attention appends to the cache in place, such as the fused graph's
+GroupQueryAttention): the tensors are buffers with spare columns, bound as both the past input
+and the present output, so a decode step writes one column instead of copying the whole cache
+(a copy that grows with batch x length and dominated attention at batch 16). Columns past
+``length`` are scratch; the buffers are re-made only when rows join or leave or room runs out.
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+HEADROOM = 128  # spare columns of an in-place buffer: a re-allocation every HEADROOM steps at most
 
 RowKV = list[np.ndarray]  # one [kv_heads, T, head_dim] array per past input, in input order
 
@@ -64,11 +72,13 @@ def row_bytes(row: RowKV) -> int:
 class BatchKV:
     """KV tensors, left padding and positions of the rows currently decoding."""
 
-    def __init__(self, layout: KVLayout) -> None:
+    def __init__(self, layout: KVLayout, *, in_place: bool = False) -> None:
         self.layout = layout
+        self.in_place = in_place
         self.pads: list[int] = []
-        self.length = 0  # L: columns of every KV tensor
-        self._values: list[Any] = []  # numpy arrays or OrtValues, [B, kv, L, hd]
+        self.length = 0  # L: columns of every KV tensor holding tokens (or padding)
+        self._values: list[Any] = []  # numpy arrays or OrtValues, [B, kv, L (or capacity), hd]
+        self._bound: list[Any] = []  # in place: OrtValues over ``_values`` (same memory)
 
     @property
     def size(self) -> int:
@@ -78,26 +88,48 @@ class BatchKV:
     def nbytes(self) -> int:
         return self.size * self.length * self.layout.bytes_per_token
 
+    @property
+    def capacity(self) -> int:
+        return self._values[0].shape[2] if self.in_place and self._values else self.length
+
     def _numpy(self) -> list[np.ndarray]:
+        if self.in_place:
+            return [a[:, :, : self.length] for a in self._values]
         return [v if isinstance(v, np.ndarray) else v.numpy() for v in self._values]
+
+    def _alloc(self, like: np.ndarray, rows: int, width: int) -> np.ndarray:
+        """A zeroed [rows, kv, width (+ headroom in place), hd] array."""
+        columns = width + HEADROOM if self.in_place else width
+        return np.zeros((rows, like.shape[-3], columns, like.shape[-1]), like.dtype)
+
+    def _adopt(self, arrays: list[np.ndarray]) -> None:
+        self._values = arrays
+        if self.in_place:
+            import onnxruntime as ort
+
+            self._bound = [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays]
 
     def add(self, row: RowKV) -> None:
         """Append a row (its KV without padding); widen everything on the left if it is longer."""
         tokens = row[0].shape[1]
         if not self.pads:
-            self._values = [a[None] for a in row]
+            merged = []
+            for new in row:
+                out = self._alloc(new, 1, tokens)
+                out[0, :, :tokens] = new
+                merged.append(out)
+            self._adopt(merged)
             self.pads, self.length = [0], tokens
             return
         width = max(self.length, tokens)
         grow, own = width - self.length, width - tokens
         merged = []
         for batch, new in zip(self._numpy(), row, strict=True):
-            rows, heads, _, dim = batch.shape
-            out = np.zeros((rows + 1, heads, width, dim), batch.dtype)
-            out[:-1, :, grow:] = batch
-            out[-1, :, own:] = new
+            out = self._alloc(new, batch.shape[0] + 1, width)
+            out[:-1, :, grow:width] = batch
+            out[-1, :, own:width] = new
             merged.append(out)
-        self._values = merged
+        self._adopt(merged)
         self.pads = [p + grow for p in self.pads] + [own]
         self.length = width
 
@@ -107,12 +139,21 @@ class BatchKV:
             return
         keep = [i for i in range(self.size) if i not in set(indices)]
         if not keep:
-            self.pads, self.length, self._values = [], 0, []
+            self.pads, self.length, self._values, self._bound = [], 0, [], []
             return
         trim = min(self.pads[i] for i in keep)
-        self._values = [np.ascontiguousarray(a[keep, :, trim:]) for a in self._numpy()]
+        width = self.length - trim
+        if self.in_place:
+            kept = []
+            for a in self._numpy():
+                out = self._alloc(a, len(keep), width)
+                out[:, :, :width] = a[keep, :, trim:]
+                kept.append(out)
+        else:
+            kept = [np.ascontiguousarray(a[keep, :, trim:]) for a in self._numpy()]
+        self._adopt(kept)
         self.pads = [self.pads[i] - trim for i in keep]
-        self.length -= trim
+        self.length = width
 
     def row(self, index: int) -> RowKV:
         """A copy of one row's KV without its padding (for the prefix cache)."""
@@ -120,7 +161,21 @@ class BatchKV:
         return [np.array(a[index, :, pad:]) for a in self._numpy()]
 
     def inputs(self) -> list[Any]:
-        return self._values
+        """The past for the next step; in place, OrtValue buffers with room for one more column.
+
+        The list object stays the same between re-allocations, so a runner can keep its
+        bindings while ``inputs() is`` what it bound last time.
+        """
+        if not self.in_place:
+            return self._values
+        if self.length + 1 > self.capacity:
+            grown = []
+            for a in self._values:
+                out = self._alloc(a, a.shape[0], self.length)
+                out[:, :, : self.length] = a[:, :, : self.length]
+                grown.append(out)
+            self._adopt(grown)
+        return self._bound
 
     def attention_mask(self) -> np.ndarray:
         """[B, L + 1]: zeros over each row's padding, ones over its tokens and the new one."""
@@ -134,6 +189,10 @@ class BatchKV:
         return np.array([[self.length - pad] for pad in self.pads], np.int64)
 
     def advance(self, presents: list[Any]) -> None:
-        """Adopt the step's outputs (one column longer) as the new past."""
-        self._values = presents
+        """Adopt the step's outputs (one column longer) as the new past.
+
+        In place the step wrote its column into the buffers themselves: only the length moves.
+        """
+        if not self.in_place:
+            self._values = presents
         self.length += 1

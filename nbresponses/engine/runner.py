@@ -4,6 +4,11 @@ Session settings are tuned for decode on a CPU: one intra-op thread per physical
 threads only contend for the same vector units), sequential execution, full graph optimisation.
 Inputs and outputs travel as OrtValues (`run_with_ort_values`), so the KV cache produced by one
 step is fed to the next without passing through numpy.
+
+Graphs that mark themselves ``nbresponses.kv_in_place`` (the fused graph: GroupQueryAttention
+writes the new column into the past buffer when past and present are one tensor) decode through
+an IOBinding that binds each KV buffer as both input and output; the bindings are kept between
+steps and only the ids, mask and positions are re-bound (see ``kv.BatchKV``).
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import onnxruntime as ort
 
 from nbresponses.engine.kv import KVLayout
 from nbresponses.models.cpu import physical_cores
+
+KV_IN_PLACE = "nbresponses.kv_in_place"  # model metadata key: "1" when in-place KV is valid
 
 
 def session_options(threads: int | None = None) -> ort.SessionOptions:
@@ -40,6 +47,10 @@ class OnnxRunner:
         self.layout = KVLayout.from_session(self.session)
         self._outputs = ["logits", *self.layout.present_names]
         self.vocab_size = int(self.session.get_outputs()[0].shape[-1])
+        metadata = self.session.get_modelmeta().custom_metadata_map
+        self.kv_in_place = metadata.get(KV_IN_PLACE) == "1"
+        self._binding: Any = None
+        self._bound_past: list[Any] | None = None
         self.run(*_warmup_inputs(self.layout))  # first-run allocations: not in a user's TTFT
 
     def run(
@@ -48,8 +59,16 @@ class OnnxRunner:
         attention_mask: np.ndarray,
         position_ids: np.ndarray,
         past: list[Any],
+        *,
+        in_place: bool = False,
     ) -> tuple[np.ndarray, list[Any]]:
-        """Logits of the last position of every row ([B, V] float32) and the present KV."""
+        """Logits of the last position of every row ([B, V] float32) and the present KV.
+
+        ``in_place`` (graphs with ``kv_in_place`` only): ``past`` are OrtValue buffers with room
+        for the new columns; they are updated and returned as the present.
+        """
+        if in_place:
+            return self._run_in_place(input_ids, attention_mask, position_ids, past)
         feeds = {
             "input_ids": _ortvalue(input_ids),
             "attention_mask": _ortvalue(attention_mask),
@@ -60,6 +79,32 @@ class OnnxRunner:
         outputs = self.session.run_with_ort_values(self._outputs, feeds)
         logits = outputs[0].numpy()[:, -1, :]
         return np.ascontiguousarray(logits, dtype=np.float32), list(outputs[1:])
+
+    def _run_in_place(
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray,
+        position_ids: np.ndarray,
+        past: list[Any],
+    ) -> tuple[np.ndarray, list[Any]]:
+        if not self.kv_in_place:
+            raise ValueError(f"{self.model_path} does not support in-place KV")
+        binding = self._binding
+        if binding is None or past is not self._bound_past:
+            binding = self.session.io_binding()
+            for name, out, value in zip(
+                self.layout.past_names, self.layout.present_names, past, strict=True
+            ):
+                binding.bind_ortvalue_input(name, value)
+                binding.bind_ortvalue_output(out, value)
+            binding.bind_output("logits")
+            self._binding, self._bound_past = binding, past
+        feeds = [np.ascontiguousarray(a) for a in (input_ids, attention_mask, position_ids)]
+        for name, value in zip(("input_ids", "attention_mask", "position_ids"), feeds, strict=True):
+            binding.bind_cpu_input(name, value)
+        self.session.run_with_iobinding(binding)  # ``feeds`` stays alive until here
+        logits = binding.get_outputs()[-1].numpy()[:, -1, :]
+        return np.ascontiguousarray(logits, dtype=np.float32), past
 
 
 def _warmup_inputs(layout: KVLayout) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Any]]:

@@ -68,7 +68,7 @@ class Scheduler:
         self.max_batch_size = max_batch_size
         self.kv_budget_bytes = kv_budget_bytes
         self.prefix_cache = prefix_cache
-        self.kv = BatchKV(runner.layout)
+        self.kv = BatchKV(runner.layout, in_place=runner.kv_in_place)
         self.rows: list[Request] = []
         self.steps = 0  # decode steps run (for tests and stats)
         self._waiting: deque[Request] = deque()
@@ -181,7 +181,11 @@ class Scheduler:
         ids = np.array([[r.generated[-1]] for r in self.rows], np.int64)
         try:
             logits, presents = self.runner.run(
-                ids, self.kv.attention_mask(), self.kv.positions(), self.kv.inputs()
+                ids,
+                self.kv.attention_mask(),
+                self.kv.positions(),
+                self.kv.inputs(),
+                in_place=self.kv.in_place,
             )
         except Exception as exc:  # the batch is lost; fail its rows, keep serving new ones
             for request in self.rows:

@@ -27,6 +27,7 @@ import numpy as np
 from nbresponses.models.errors import RecipeError
 
 OPSET = 21
+KV_IN_PLACE = "nbresponses.kv_in_place"  # metadata read by nbresponses.engine.runner
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
 _STATIC_ROPE = (None, "default", "linear", "llama3")
 _MASKED = float(np.finfo(np.float32).min)
@@ -296,11 +297,15 @@ def build_fused_model(model: Any) -> Any:
             )
             outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", fp32, cache_out))
     graph = helper.make_graph(g.nodes, "nbresponses-fused", inputs, outputs, g.initializers)
-    return helper.make_model(
+    model_proto = helper.make_model(
         graph,
         opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)],
         producer_name="nbresponses.fused",
     )
+    # GroupQueryAttention appends in place when past and present share a buffer (the runner
+    # binds them so); seqlens_k from the mask width tells it where the new column goes.
+    helper.set_model_props(model_proto, {KV_IN_PLACE: "1"})
+    return model_proto
 
 
 def save_model(model: Any, target: Path) -> None:

@@ -211,7 +211,7 @@ RECIPES: dict[str, Recipe] = {
             "fused-fp32",
             "our fused graph (GroupQueryAttention, SkipSimplifiedLayerNormalization, packed "
             "QKV and gate/up) built from the source weights, fp32; Llama-family models only",
-            params={"graph": "fused", "bits": 32},
+            params={"graph": "fused", "kv": "in-place", "bits": 32},
             from_source=fused_graph(None),
         ),
         Recipe(
@@ -220,6 +220,7 @@ RECIPES: dict[str, Recipe] = {
             "LM head quantized (about 2x the decode speed of q8); Llama-family models only",
             params={
                 "graph": "fused",
+                "kv": "in-place",
                 "bits": 8,
                 "block_size": 32,
                 "accuracy_level": 4,
@@ -233,6 +234,7 @@ RECIPES: dict[str, Recipe] = {
             "LM head quantized (fastest, low fidelity on small models); Llama-family only",
             params={
                 "graph": "fused",
+                "kv": "in-place",
                 "bits": 4,
                 "block_size": 32,
                 "accuracy_level": 4,
