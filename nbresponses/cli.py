@@ -54,6 +54,22 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("-q", "--quantization", default=None, metavar="RECIPE")
     demo.add_argument("--max-tokens", type=int, default=128)
     demo.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+
+    serve = commands.add_parser(
+        "serve",
+        help="serve a model over HTTP: the OpenAI Responses API at /v1/responses",
+        description="Serve MODEL (default: bundled) with the OpenAI Responses API over HTTP/SSE "
+        "on uvicorn. Loopback only unless --host says otherwise; give --api-key (or set "
+        "NBRESPONSES_API_KEY) to require 'Authorization: Bearer KEY'.",
+    )
+    serve.add_argument("model", nargs="?", default=None, help="model source (default: bundled)")
+    serve.add_argument("-q", "--quantization", default=None, metavar="RECIPE")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", default=None, help="require this bearer key")
+    serve.add_argument(
+        "--grace", type=float, default=10.0, help="seconds in-flight work may finish on shutdown"
+    )
     return parser
 
 
