@@ -20,7 +20,7 @@ from nbresponses.models.cache import list_models
 from nbresponses.models.errors import ModelSourceError, RecipeError
 from nbresponses.models.fidelity import compare_logits, log_softmax
 from nbresponses.models.prepare import prepare_model
-from nbresponses.models.recipes import FIDELITY_BAR, RECIPES
+from nbresponses.models.recipes import AUTO_ORDER, FIDELITY_BAR, RECIPES
 from nbresponses.models.sources import BUNDLED_ALIAS, resolve_source
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -274,7 +274,7 @@ def test_cli_help_lists_recipes() -> None:
 @pytest.mark.integration
 def test_bundled_model_default_recipe_meets_the_bar(bundled_model, cache_dir) -> None:
     assert bundled_model.manifest["source"]["kind"] == "bundled"
-    assert bundled_model.recipe == "q8"
+    assert bundled_model.recipe == AUTO_ORDER[0]  # fused-q8 since the fused graph builder
     fid = bundled_model.fidelity
     assert fid["top1_agreement"] >= FIDELITY_BAR, fid
     assert fid["mean_kl"] < 0.05 and fid["tokens"] > 200
