@@ -310,8 +310,8 @@ class ResponsesAPI:
     async def drain(self, grace: float = 10.0, poll: float = 0.05) -> None:
         """Refuse new requests; let work in flight finish for ``grace`` seconds, then cancel it.
 
-        Cancelled responses end as OpenAI's do (status ``cancelled``, partial output kept), so
-        a streaming client reads ``response.cancelled`` and a clean end of stream.
+        Cancelled responses end as OpenAI's do (status ``cancelled``, partial output kept): a
+        streaming client reads the open items' ``done`` events and a clean end of stream.
         """
         self.closing = True
         deadline = time.monotonic() + grace

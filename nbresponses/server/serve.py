@@ -3,7 +3,7 @@
 ``run_server`` serves any ``AsyncResponsesClient`` (tests use a scripted one); ``serve`` loads
 an ``nbr.Engine`` first. On Ctrl-C / SIGTERM the server stops taking requests (503), lets the
 responses in flight finish for ``grace`` seconds, cancels what remains (streaming clients read
-``response.cancelled`` and a clean end of stream), then closes connections and the engine.
+the open items closed and a clean end of stream), then closes connections and the engine.
 """
 
 from __future__ import annotations
