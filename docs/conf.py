@@ -24,6 +24,7 @@ extensions = [
 myst_enable_extensions = ["colon_fence", "deflist"]
 html_theme = "furo"
 html_title = "nbresponses"
+html_static_path = ["_static"]
 exclude_patterns = ["_build", "**.ipynb_checkpoints"]
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
@@ -34,6 +35,9 @@ autodoc_mock_imports: list[str] = []
 nb_execution_mode = os.environ.get("NBRESPONSES_DOCS_EXECUTE", "auto")
 nb_execution_timeout = 600
 nb_execution_raise_on_error = True
+# Widgets need a live kernel (or saved widget state) to render; every view also carries a static
+# HTML rendering of its final state, so pages show that instead of an empty widget.
+nb_mime_priority_overrides = [("html", "application/vnd.jupyter.widget-view+json", None)]
 NOTEBOOKS_SRC = ROOT / "notebooks"
 NOTEBOOKS_DST = DOCS / "notebooks"
 
