@@ -300,3 +300,10 @@ def test_a_failing_build_leaves_no_entry(tiny_source: Path, tmp_path: Path, monk
         prepare_model(tiny_source, "q4", cache_dir=tmp_path, progress=False)
     assert not _entries(tmp_path, "models")
     assert not list((tmp_path / "tmp").iterdir())
+
+
+def test_a_cached_model_shows_no_progress_bar(tiny_model, tiny_source, cache_dir, capsys) -> None:
+    capsys.readouterr()
+    again = prepare_model(tiny_source, "fp32", cache_dir=cache_dir, progress=True)
+    assert again.path == tiny_model.path
+    assert "prepare" not in capsys.readouterr().err, "nothing to do: no bar"

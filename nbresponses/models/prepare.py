@@ -12,7 +12,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from nbresponses.models.cache import build_once, cache_root, folder_size, write_manifest
+from nbresponses.models.cache import (
+    build_once,
+    cache_root,
+    folder_size,
+    is_complete,
+    write_manifest,
+)
 from nbresponses.models.cpu import cpu_features
 from nbresponses.models.errors import RecipeError
 from nbresponses.models.export import (
@@ -24,7 +30,7 @@ from nbresponses.models.export import (
 from nbresponses.models.fidelity import measure_fidelity
 from nbresponses.models.fused import UnsupportedArchitecture
 from nbresponses.models.prepared import PreparedModel
-from nbresponses.models.progress import Stages
+from nbresponses.models.progress import Stages, library_progress_bars
 from nbresponses.models.recipes import AUTO, AUTO_ORDER, FIDELITY_BAR, MODEL_FILE, get_recipe
 from nbresponses.models.sources import ModelSource, resolve_source
 
@@ -88,26 +94,29 @@ def prepare_model(
     root = cache_root(cache_dir)
     export_dir = root / "exports" / f"{source.name}-{_key(source.content_hash, PREPARE_VERSION)}"
     candidates = AUTO_ORDER if recipe_name == AUTO else (recipe_name,)
-    stages = Stages(f"prepare {source.name}", 1 + 2 * len(candidates[:1]), enabled=progress)
+    # Already prepared: no progress bar at all (a bar that flashes 0/3 in every notebook misleads).
+    cached = is_complete(export_dir) and is_complete(_recipe_dir(source, candidates[0], root))
+    stages = Stages(f"prepare {source.name}", 3, enabled=progress and not cached)
     finished = False
-    try:
-        with stages.stage("export"):
-            build_once(export_dir, lambda tmp: _build_export(source, tmp, progress))
-        for index, name in enumerate(candidates):
-            if index:
-                stages.extend(2)  # quantize + evaluate the next, more faithful recipe
-            try:
-                prepared = _prepare_recipe(source, export_dir, name, root, stages)
-            except UnsupportedArchitecture:
-                if recipe_name != AUTO:
-                    raise
-                continue  # a fused recipe on a model its builder does not cover: next one
-            if prepared.fidelity.get("top1_agreement", 1.0) >= FIDELITY_BAR:
-                break
-        finished = True
-        return prepared  # an explicit recipe, a faithful one, or the last (fp32) candidate
-    finally:
-        stages.close(finished=finished)
+    with library_progress_bars(progress):
+        try:
+            with stages.stage("export"):
+                build_once(export_dir, lambda tmp: _build_export(source, tmp, progress))
+            for index, name in enumerate(candidates):
+                if index:
+                    stages.extend(2)  # quantize + evaluate the next, more faithful recipe
+                try:
+                    prepared = _prepare_recipe(source, export_dir, name, root, stages)
+                except UnsupportedArchitecture:
+                    if recipe_name != AUTO:
+                        raise
+                    continue  # a fused recipe on a model its builder does not cover: next one
+                if prepared.fidelity.get("top1_agreement", 1.0) >= FIDELITY_BAR:
+                    break
+            finished = True
+            return prepared  # an explicit recipe, a faithful one, or the last (fp32) candidate
+        finally:
+            stages.close(finished=finished)
 
 
 def _build_export(source: ModelSource, tmp: Path, progress: bool) -> None:
@@ -136,15 +145,20 @@ def _build_export(source: ModelSource, tmp: Path, progress: bool) -> None:
     )
 
 
+def _recipe_dir(source: ModelSource, recipe_name: str, root: Path) -> Path:
+    """Where ``source`` prepared with ``recipe_name`` lives in the cache (complete or not)."""
+    params = json.dumps(get_recipe(recipe_name).params, sort_keys=True)
+    key = _key(source.content_hash, recipe_name, params, PREPARE_VERSION)
+    return root / "models" / f"{source.name}-{recipe_name}-{key}"
+
+
 def _prepare_recipe(
     source: ModelSource, export_dir: Path, recipe_name: str, root: Path, stages: Stages
 ) -> PreparedModel:
     recipe = get_recipe(recipe_name)
     export_manifest = json.loads((export_dir / "manifest.json").read_text())
-    key = _key(
-        source.content_hash, recipe_name, json.dumps(recipe.params, sort_keys=True), PREPARE_VERSION
-    )
-    final = root / "models" / f"{source.name}-{recipe_name}-{key}"
+    final = _recipe_dir(source, recipe_name, root)
+    key = final.name.rsplit("-", 1)[-1]
 
     def build(tmp: Path) -> None:
         timings = dict(export_manifest.get("timings", {}))

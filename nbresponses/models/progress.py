@@ -37,3 +37,18 @@ class Stages:
             self._bar.n = self._bar.total
             self._bar.set_postfix_str("done")
         self._bar.close()
+
+
+@contextlib.contextmanager
+def library_progress_bars(enabled: bool) -> Iterator[None]:
+    """Let transformers' own bars (e.g. GGUF de-quantization) show only when ``enabled``."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    if not enabled and was_enabled:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if not enabled and was_enabled:
+            hf_logging.enable_progress_bar()
