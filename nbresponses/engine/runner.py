@@ -49,6 +49,11 @@ class OnnxRunner:
         self.vocab_size = int(self.session.get_outputs()[0].shape[-1])
         metadata = self.session.get_modelmeta().custom_metadata_map
         self.kv_in_place = metadata.get(KV_IN_PLACE) == "1"
+        # Some exports (gpt-oss) derive positions from the attention mask and take no position_ids.
+        inputs = {i.name for i in self.session.get_inputs()}
+        self._inputs = tuple(
+            n for n in ("input_ids", "attention_mask", "position_ids") if n in inputs
+        )
         self._binding: Any = None
         self._bound_past: list[Any] | None = None
         self.run(*_warmup_inputs(self.layout))  # first-run allocations: not in a user's TTFT
@@ -69,11 +74,12 @@ class OnnxRunner:
         """
         if in_place:
             return self._run_in_place(input_ids, attention_mask, position_ids, past)
-        feeds = {
-            "input_ids": _ortvalue(input_ids),
-            "attention_mask": _ortvalue(attention_mask),
-            "position_ids": _ortvalue(position_ids),
+        given = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
         }
+        feeds = {name: _ortvalue(given[name]) for name in self._inputs}
         for name, value in zip(self.layout.past_names, past, strict=True):
             feeds[name] = _ortvalue(value)
         outputs = self.session.run_with_ort_values(self._outputs, feeds)
@@ -99,8 +105,13 @@ class OnnxRunner:
                 binding.bind_ortvalue_output(out, value)
             binding.bind_output("logits")
             self._binding, self._bound_past = binding, past
-        feeds = [np.ascontiguousarray(a) for a in (input_ids, attention_mask, position_ids)]
-        for name, value in zip(("input_ids", "attention_mask", "position_ids"), feeds, strict=True):
+        given = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+        }
+        feeds = [np.ascontiguousarray(given[name]) for name in self._inputs]
+        for name, value in zip(self._inputs, feeds, strict=True):
             binding.bind_cpu_input(name, value)
         self.session.run_with_iobinding(binding)  # ``feeds`` stays alive until here
         logits = binding.get_outputs()[-1].numpy()[:, -1, :]
