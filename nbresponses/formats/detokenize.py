@@ -72,16 +72,40 @@ def _byte_decoder() -> dict[str, int]:
     return {chr(c): b for b, c in zip(bs, cs, strict=True)}
 
 
-class TokenBytes:
-    """The exact bytes and display string of single tokens, for logprobs.
+class CachedTokenBytes:
+    """``get(token_id) -> (display string, byte values)`` of single tokens, cached, for logprobs.
 
     A token can be part of a character; its ``token`` string is then written ``bytes:\\xe6\\x97``
-    (the convention OpenAI uses), while ``bytes`` always holds the raw bytes.
+    (the convention OpenAI uses), while ``bytes`` always holds the raw bytes. Subclasses say
+    where a token's raw bytes come from (``_raw``).
     """
 
-    def __init__(self, tokenizer: Any) -> None:
-        self._tokenizer = tokenizer
+    def __init__(self) -> None:
         self._cache: dict[int, tuple[str, list[int]]] = {}
+
+    def _raw(self, token_id: int) -> bytes:
+        raise NotImplementedError
+
+    def get(self, token_id: int) -> tuple[str, list[int]]:
+        """(display string, byte values) of one token."""
+        hit = self._cache.get(token_id)
+        if hit is None:
+            raw = self._raw(int(token_id))
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                text = "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+            hit = (text, list(raw))
+            self._cache[token_id] = hit
+        return hit
+
+
+class TokenBytes(CachedTokenBytes):
+    """Token bytes from a transformers tokenizer (byte-level BPE or sentencepiece pieces)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        super().__init__()
+        self._tokenizer = tokenizer
         self._byte_level = _is_byte_level(tokenizer)
 
     def _raw(self, token_id: int) -> bytes:
@@ -97,19 +121,6 @@ class TokenBytes:
         if "\u2581" in piece:
             return piece.replace("\u2581", " ").encode("utf-8")
         return self._tokenizer.decode([int(token_id)]).encode("utf-8")
-
-    def get(self, token_id: int) -> tuple[str, list[int]]:
-        """(display string, byte values) of one token."""
-        hit = self._cache.get(token_id)
-        if hit is None:
-            raw = self._raw(token_id)
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                text = "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
-            hit = (text, list(raw))
-            self._cache[token_id] = hit
-        return hit
 
 
 def _is_byte_level(tokenizer: Any) -> bool:

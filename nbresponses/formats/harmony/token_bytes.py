@@ -14,6 +14,7 @@ from pathlib import Path
 
 from openai_harmony import HarmonyEncoding
 
+from nbresponses.formats.detokenize import CachedTokenBytes
 from nbresponses.formats.harmony.vocab import ENV_VAR, VOCAB_NAME
 
 
@@ -28,14 +29,14 @@ def read_ranks(path: Path) -> dict[int, bytes]:
     return ranks
 
 
-class HarmonyTokenBytes:
-    """``get(token_id) -> (string, bytes)``, cached; the vocabulary file is read on first need."""
+class HarmonyTokenBytes(CachedTokenBytes):
+    """Token bytes from the harmony encoding; the vocabulary file is read on first need."""
 
     def __init__(self, encoding: HarmonyEncoding, vocab: Path | None = None) -> None:
+        super().__init__()
         self._enc = encoding
         self._vocab = vocab
         self._ranks: dict[int, bytes] | None = None
-        self._cache: dict[int, tuple[str, list[int]]] = {}
 
     def _raw(self, token_id: int) -> bytes:
         try:
@@ -47,15 +48,3 @@ class HarmonyTokenBytes:
             self._ranks = read_ranks(path) if path.is_file() else {}
         raw = self._ranks.get(token_id)
         return raw if raw is not None else self._enc.decode([token_id]).encode("utf-8")
-
-    def get(self, token_id: int) -> tuple[str, list[int]]:
-        hit = self._cache.get(token_id)
-        if hit is None:
-            raw = self._raw(int(token_id))
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                text = "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
-            hit = (text, list(raw))
-            self._cache[token_id] = hit
-        return hit
