@@ -91,3 +91,24 @@ def test_batch_kv_left_padding_merge_and_trim():
     assert kv.row(0)[0].shape == (2, 3, 4) and (kv.row(0)[0] == 1).all()
     kv.remove([1])  # the long row leaves: padding columns go
     assert kv.pads == [0] and kv.length == 3 and kv.inputs()[0].shape == (1, 2, 3, 4)
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_batch_kv_add_rows_at_once_equals_one_by_one(in_place):
+    layout = KVLayout(("a", "b"), ("pa", "pb"), kv_heads=2, head_dim=4, dtype=np.dtype("float32"))
+    rng = np.random.default_rng(0)
+    first = [rng.normal(size=(2, 4, 4)).astype(np.float32) for _ in range(2)]
+    joining = [[rng.normal(size=(2, n, 4)).astype(np.float32) for _ in range(2)] for n in (6, 2)]
+    one_by_one, at_once = BatchKV(layout, in_place=in_place), BatchKV(layout, in_place=in_place)
+    for kv in (one_by_one, at_once):
+        kv.add(first)
+    for row in joining:
+        one_by_one.add(row)
+    at_once.add_rows(joining)
+    assert at_once.pads == one_by_one.pads == [2, 0, 4] and at_once.length == 6
+    for a, b in zip(at_once._numpy(), one_by_one._numpy(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(at_once.row(1)[1], joining[0][1])
+    np.testing.assert_array_equal(at_once.row(2)[0], joining[1][0])
+    at_once.add_rows([])  # nothing admitted: nothing changes
+    assert at_once.size == 3

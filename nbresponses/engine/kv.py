@@ -111,26 +111,28 @@ class BatchKV:
 
     def add(self, row: RowKV) -> None:
         """Append a row (its KV without padding); widen everything on the left if it is longer."""
-        tokens = row[0].shape[1]
-        if not self.pads:
-            merged = []
-            for new in row:
-                out = self._alloc(new, 1, tokens)
-                out[0, :, :tokens] = new
-                merged.append(out)
-            self._adopt(merged)
-            self.pads, self.length = [0], tokens
+        self.add_rows([row])
+
+    def add_rows(self, rows: list[RowKV]) -> None:
+        """Append rows in one re-allocation (requests admitted together cost one copy, not one
+        per request: 16 arrivals re-made the whole batch 16 times, 3% of a 16-way run)."""
+        if not rows:
             return
-        width = max(self.length, tokens)
-        grow, own = width - self.length, width - tokens
+        widths = [row[0].shape[1] for row in rows]
+        width = max(self.length, *widths)
+        grow = width - self.length
+        old = self._numpy() if self.pads else [None] * len(rows[0])
         merged = []
-        for batch, new in zip(self._numpy(), row, strict=True):
-            out = self._alloc(new, batch.shape[0] + 1, width)
-            out[:-1, :, grow:width] = batch
-            out[-1, :, own:width] = new
+        for i, batch in enumerate(old):
+            like = rows[0][i]
+            out = self._alloc(like, self.size + len(rows), width)
+            if batch is not None:
+                out[: self.size, :, grow:width] = batch
+            for j, (row, tokens) in enumerate(zip(rows, widths, strict=True)):
+                out[self.size + j, :, width - tokens : width] = row[i]
             merged.append(out)
         self._adopt(merged)
-        self.pads = [p + grow for p in self.pads] + [own]
+        self.pads = [p + grow for p in self.pads] + [width - tokens for tokens in widths]
         self.length = width
 
     def remove(self, indices: list[int]) -> None:

@@ -125,34 +125,46 @@ class Scheduler:
             self._finish(self.rows[i], Step((), finish_reason="cancelled"))
         self._remove(gone)
 
-    def _fits(self, request: Request) -> bool:
+    def _fits(self, request: Request, pending: list[Request]) -> bool:
         """Batch size and KV budget (rows x the longest reservation, as left padding costs)."""
-        if not self.rows:
+        rows = [*self.rows, *pending]
+        if not rows:
             return True  # alone it always runs: a large request must not wait forever
-        if len(self.rows) >= self.max_batch_size:
+        if len(rows) >= self.max_batch_size:
             return False
-        longest = max(request.budget_tokens, *(r.budget_tokens for r in self.rows))
-        need = (len(self.rows) + 1) * longest * self.runner.layout.bytes_per_token
+        longest = max(request.budget_tokens, *(r.budget_tokens for r in rows))
+        need = (len(rows) + 1) * longest * self.runner.layout.bytes_per_token
         return need <= self.kv_budget_bytes
 
     def _admit(self) -> None:
-        while True:
-            with self._cond:
-                if not self._waiting:
-                    return
-                request = self._waiting[0]
-                if not (request.cancelled or self._fits(request)):
-                    return  # FIFO: later requests wait behind it, nobody starves
-                self._waiting.popleft()
-            if request.cancelled:
-                self._finish(request, Step((), finish_reason="cancelled"))
-                continue
-            try:
-                self._prefill(request)
-            except Exception as exc:  # one bad request must not stop the others
-                self._finish(request, Step((), finish_reason="error", error=_describe(exc)))
+        """Prefill every waiting request that fits, then merge them into the batch at once."""
+        joined: list[tuple[Request, RowKV]] = []
+        try:
+            while True:
+                with self._cond:
+                    if not self._waiting:
+                        return
+                    request = self._waiting[0]
+                    if not (request.cancelled or self._fits(request, [r for r, _ in joined])):
+                        return  # FIFO: later requests wait behind it, nobody starves
+                    self._waiting.popleft()
+                if request.cancelled:
+                    self._finish(request, Step((), finish_reason="cancelled"))
+                    continue
+                try:
+                    row = self._prefill(request)
+                except Exception as exc:  # one bad request must not stop the others
+                    self._finish(request, Step((), finish_reason="error", error=_describe(exc)))
+                    continue
+                if row is not None:
+                    joined.append((request, row))
+        finally:
+            self.kv.add_rows([row for _, row in joined])
+            self.rows.extend(request for request, _ in joined)
 
-    def _prefill(self, request: Request) -> None:
+    def _prefill(self, request: Request) -> RowKV | None:
+        """Run the prompt alone and send its first token. Returns its KV row, or None when the
+        request already finished."""
         start = time.perf_counter()
         stats = request.stats
         stats.timings["queued_s"] = start - request.submitted_at
@@ -173,9 +185,8 @@ class Scheduler:
         stats.timings["prefill_s"] = time.perf_counter() - start
         if self._emit(request, logits[0]):
             self._store_prefix(request, row)
-            return
-        self.kv.add(row)
-        self.rows.append(request)
+            return None
+        return row
 
     def _decode(self) -> None:
         ids = np.array([[r.generated[-1]] for r in self.rows], np.int64)
