@@ -112,3 +112,14 @@ def test_batch_kv_add_rows_at_once_equals_one_by_one(in_place):
     np.testing.assert_array_equal(at_once.row(2)[0], joining[1][0])
     at_once.add_rows([])  # nothing admitted: nothing changes
     assert at_once.size == 3
+
+
+def test_session_options_tuned_for_decode():
+    import onnxruntime as ort
+
+    from nbresponses.engine.runner import session_options
+
+    options = session_options(3)
+    assert options.intra_op_num_threads == 3 and options.inter_op_num_threads == 1
+    assert options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    assert options.get_session_config_entry("session.set_denormal_as_zero") == "1"
