@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 import numpy as np
 import pytest
@@ -312,3 +313,58 @@ def test_works_under_asyncio_run(tiny_model, tokenizer, prompts, references):
             await eng.aclose()
 
     assert asyncio.run(main()) == references[:2]
+
+
+def test_a_closed_consumer_loop_frees_its_row(tiny_model, tokenizer, prompts, references):
+    """Steps cross to each consumer's loop through a mailbox; a loop that is gone (asyncio.run
+    returned with its stream unfinished) must cancel the row, not stall the batch."""
+    eng = OnnxEngine(tiny_model, tokenizer=tokenizer)
+    long = SamplingParams(max_tokens=400, temperature=0)
+    kept: list = []
+
+    async def abandon():
+        stream = eng.generate(prompts[0], long)
+        kept.append(stream)  # alive after the loop closes: only the closed loop can stop it
+        await anext(stream)
+
+    try:
+        asyncio.run(abandon())
+        request = kept[0]._request
+        deadline = time.monotonic() + 30
+        while not request.done and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert request.done and request.cancelled and len(request.generated) < 400
+        assert eng.running == 0
+
+        async def again():
+            return await run_all(eng, prompts[:2], GREEDY)
+
+        assert asyncio.run(again()) == references[:2]  # a new loop, a fresh mailbox
+    finally:
+        eng.close_sync()
+
+
+def test_mailbox_coalesces_wakeups_and_keeps_order():
+    from nbresponses.engine.engine import _Mailbox
+    from nbresponses.engine.types import Step
+
+    loop = asyncio.new_event_loop()
+    calls = []
+    original = loop.call_soon_threadsafe
+    loop.call_soon_threadsafe = lambda *a: calls.append(a) or original(*a)  # type: ignore[method-assign]
+    try:
+        box = _Mailbox(loop)
+        queues = [asyncio.Queue(), asyncio.Queue()]
+        for i in range(3):
+            for q in queues:
+                box.post(q, Step((i,)))
+        assert len(calls) == 1  # six steps, one wake-up
+        loop.run_until_complete(asyncio.sleep(0))
+        for q in queues:
+            assert [q.get_nowait().token_ids for _ in range(3)] == [(0,), (1,), (2,)]
+        box.post(queues[0], Step((9,)))
+        assert len(calls) == 2  # drained: the next step schedules a new drain
+    finally:
+        loop.close()
+    with pytest.raises(RuntimeError):
+        box.post(queues[0], Step((10,)))
