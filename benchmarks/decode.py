@@ -8,11 +8,15 @@ of the same model for a fair comparison). Rounds go round-robin over the systems
 reports medians, because timings on shared machines drift. Every system generates exactly
 ``--max-tokens`` tokens greedily (eos ignored) from the same chat prompt.
 
-Without ``--gguf`` the llama.cpp column is the ANCHOR from DESIGN.md §3 (Q8_0, batch 1, 127
-tok/s on a quiet machine with this model and prompt), not a measurement of this run: on a busy
-machine every measured number drops and the ratio against the anchor understates.
+When llama-cpp-python is installed and no ``--gguf`` is given, the bundled GGUF (Q4_1) is
+converted to Q8_0 with llama.cpp's own quantizer (``llama_model_quantize``, requantizing: the
+weights carry Q4_1's precision, the tensors and kernels are Q8_0's, so speed is Q8_0's). Without
+llama-cpp-python the llama.cpp column is the ANCHOR from DESIGN.md §3 (Q8_0, batch 1, 127 tok/s
+on a quiet machine with this model and prompt), not a measurement of this run: on a busy machine
+every measured number drops and the ratio against the anchor understates.
 
-    python benchmarks/decode.py --rounds 3 --gguf /tmp/smollm2-q8_0.gguf
+    pip install llama-cpp-python   # builds llama.cpp from source (about 10 min on 2 cores)
+    python benchmarks/decode.py --rounds 3
 """
 
 from __future__ import annotations
@@ -150,6 +154,36 @@ def llama_cpp_runner(gguf: Path, prompt: list[int], max_tokens: int) -> Callable
     return run
 
 
+_QUIET_LLAMA_LOG = None
+
+
+def bundled_q8_0_gguf(folder: Path) -> Path:
+    """The bundled model as a llama.cpp Q8_0 GGUF, made once with llama.cpp's quantizer."""
+    import ctypes
+
+    import llama_cpp
+
+    from nbresponses.models.sources import bundled_gguf_path
+
+    target = folder / "smollm2-135m-instruct.Q8_0.gguf"
+    if not target.is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0
+        params.allow_requantize = True
+        scratch = target.with_suffix(".partial")
+        global _QUIET_LLAMA_LOG  # the C callback must outlive this call: llama.cpp keeps it
+        _QUIET_LLAMA_LOG = llama_cpp.llama_log_callback(lambda level, text, data: None)
+        llama_cpp.llama_log_set(_QUIET_LLAMA_LOG, None)  # one line per tensor otherwise
+        code = llama_cpp.llama_model_quantize(
+            str(bundled_gguf_path()).encode(), str(scratch).encode(), ctypes.byref(params)
+        )
+        if code != 0:
+            raise RuntimeError(f"llama_model_quantize failed with code {code}")
+        scratch.rename(target)
+    return target
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -161,7 +195,9 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=None, help="engine threads (default: physical cores)"
     )
-    parser.add_argument("--gguf", type=Path, default=None, help="llama.cpp model (Q8_0)")
+    parser.add_argument(
+        "--gguf", type=Path, default=None, help="llama.cpp model (default: bundled, as Q8_0)"
+    )
     parser.add_argument("--skip", nargs="*", default=[], help="optimum torch llama.cpp")
     args = parser.parse_args()
 
@@ -192,13 +228,12 @@ def main() -> None:
         )
     if "torch" not in args.skip:
         systems["pytorch fp32 generate"] = torch_runner(prompt, args.max_tokens)
-    if "llama.cpp" not in args.skip and args.gguf is not None:
+    if "llama.cpp" not in args.skip:
         try:
-            systems[f"llama.cpp {args.gguf.name}"] = llama_cpp_runner(
-                args.gguf, prompt, args.max_tokens
-            )
+            gguf = args.gguf or bundled_q8_0_gguf(prepared[base].path.parent.parent / "llama.cpp")
+            systems[f"llama.cpp {gguf.name}"] = llama_cpp_runner(gguf, prompt, args.max_tokens)
         except ImportError:
-            print("llama-cpp-python is not installed: llama.cpp skipped")
+            print("llama-cpp-python is not installed: llama.cpp skipped (anchor used)")
 
     for run in systems.values():  # warm-up
         run()
