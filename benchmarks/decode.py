@@ -6,7 +6,8 @@ our fused graph); optimum ``ORTModelForCausalLM.generate`` on the first recipe's
 PyTorch fp32 ``generate``; llama.cpp (``llama-cpp-python``) on a GGUF given with ``--gguf`` (Q8_0
 of the same model for a fair comparison). Rounds go round-robin over the systems and the table
 reports medians, because timings on shared machines drift. Every system generates exactly
-``--max-tokens`` tokens greedily (eos ignored) from the same chat prompt.
+``--max-tokens`` tokens greedily (eos ignored) from the same chat prompt, cold: the engine's
+prefix cache is off unless ``--warm``.
 
 When llama-cpp-python is installed and no ``--gguf`` is given, the bundled GGUF (Q4_1) is
 converted to Q8_0 with llama.cpp's own quantizer (``llama_model_quantize``, requantizing: the
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nbresponses.engine.engine import OnnxEngine
+from nbresponses.engine.engine import DEFAULT_PREFIX_CACHE, OnnxEngine
 from nbresponses.engine.types import GenerationStats, SamplingParams
 from nbresponses.models.cpu import physical_cores
 from nbresponses.models.prepare import prepare_model
@@ -198,13 +199,23 @@ def main() -> None:
     parser.add_argument(
         "--gguf", type=Path, default=None, help="llama.cpp model (default: bundled, as Q8_0)"
     )
+    parser.add_argument(
+        "--warm", action="store_true", help="keep the prefix cache on (repeat prompts hit it)"
+    )
     parser.add_argument("--skip", nargs="*", default=[], help="optimum torch llama.cpp")
     args = parser.parse_args()
 
     prepared = {
         r: prepare_model(None, r, cache_dir=args.cache_dir, progress=False) for r in args.recipes
     }
-    engines = {r: OnnxEngine(p, threads=args.threads) for r, p in prepared.items()}
+    # Cold prompts by default: every round repeats the prompt, and the prefix cache would turn
+    # each prefill after the first into a one-token step (TTFT 16 ms instead of ~50), which is
+    # not what a new conversation costs and not what llama.cpp (reset each run) is timed on.
+    prefix_cache = DEFAULT_PREFIX_CACHE if args.warm else 0
+    engines = {
+        r: OnnxEngine(p, threads=args.threads, prefix_cache_bytes=prefix_cache)
+        for r, p in prepared.items()
+    }
     base = args.recipes[0]
     prompt = list(
         engines[base].tokenizer.apply_chat_template(
@@ -215,7 +226,8 @@ def main() -> None:
         print(p.describe())
     print(
         f"prompt {len(prompt)} tokens, {args.max_tokens} generated, "
-        f"{args.threads or physical_cores()} engine threads, {args.rounds} rounds"
+        f"{args.threads or physical_cores()} engine threads, {args.rounds} rounds, "
+        f"prefix cache {'on (warm prompts)' if args.warm else 'off (cold prompts)'}"
     )
 
     systems: dict[str, Callable[[], Result]] = {}

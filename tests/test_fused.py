@@ -69,6 +69,38 @@ def test_logits_equal_the_optimum_export(tiny_fused, tiny_model, tokenizer) -> N
     assert tiny_fused.fidelity["max_abs_dlogprob"] < 1e-3
 
 
+def test_logits_of_the_last_positions_only_on_request(tiny_fused, tokenizer) -> None:
+    """``num_logits_to_keep``: absent or 0 gives every position (fidelity, Optimum callers); 1
+    gives the last only (the engine's prefill), with the same values."""
+    session = _session(tiny_fused.onnx_path)
+    assert [i.name for i in session.get_overridable_initializers()] == ["num_logits_to_keep"]
+    ids = np.asarray([_conversation_ids(tokenizer)[:20]], np.int64)
+    feeds = {
+        "input_ids": ids,
+        "attention_mask": np.ones_like(ids),
+        "position_ids": np.arange(ids.shape[1], dtype=np.int64)[None],
+    }
+    for inp in session.get_inputs():
+        if inp.name.startswith("past_key_values"):
+            feeds[inp.name] = np.zeros((1, inp.shape[1], 0, inp.shape[3]), np.float32)
+    full = session.run(["logits"], feeds)[0]
+    assert full.shape[1] == 20
+    np.testing.assert_array_equal(
+        session.run(["logits"], {**feeds, "num_logits_to_keep": np.array([0])})[0], full
+    )
+    for keep in (1, 3):
+        some = session.run(["logits"], {**feeds, "num_logits_to_keep": np.array([keep])})[0]
+        assert some.shape[1] == keep
+        np.testing.assert_allclose(some, full[:, -keep:], rtol=0, atol=1e-5)
+
+
+def test_the_engine_asks_for_the_last_position_only(tiny_fused, tiny_model) -> None:
+    from nbresponses.engine.runner import OnnxRunner
+
+    assert OnnxRunner(tiny_fused.onnx_path).last_logits_only
+    assert not OnnxRunner(tiny_model.onnx_path).last_logits_only  # the Optimum graph has no input
+
+
 def test_left_padded_decode_equals_alone_and_optimum(tiny_fused, tiny_model) -> None:
     """One decode step for two rows of different lengths (the shorter padded on the left)."""
     results = {}

@@ -25,6 +25,8 @@ from nbresponses.engine.kv import KVLayout
 from nbresponses.models.cpu import physical_cores
 
 KV_IN_PLACE = "nbresponses.kv_in_place"  # model metadata key: "1" when in-place KV is valid
+LOGITS_TO_KEEP = "num_logits_to_keep"  # optional input of the fused graph (see models/fused.py)
+_LAST_POSITION = np.array([1], np.int64)
 
 
 def session_options(threads: int | None = None) -> ort.SessionOptions:
@@ -60,6 +62,10 @@ class OnnxRunner:
         self._inputs = tuple(
             n for n in ("input_ids", "attention_mask", "position_ids") if n in inputs
         )
+        # Graphs that can compute the LM head for the last position only (an input with a
+        # default, which ONNX Runtime lists among the overridable initializers) are asked to.
+        overridable = {i.name for i in self.session.get_overridable_initializers()}
+        self.last_logits_only = LOGITS_TO_KEEP in overridable | inputs
         self._binding: Any = None
         self._bound_past: list[Any] | None = None
         self._logits = np.empty((0, 0, self.vocab_size), np.float32)
@@ -87,6 +93,8 @@ class OnnxRunner:
             "position_ids": position_ids,
         }
         feeds = {name: _ortvalue(given[name]) for name in self._inputs}
+        if self.last_logits_only:
+            feeds[LOGITS_TO_KEEP] = _ortvalue(_LAST_POSITION)
         for name, value in zip(self.layout.past_names, past, strict=True):
             feeds[name] = _ortvalue(value)
         outputs = self.session.run_with_ort_values(self._outputs, feeds)
@@ -103,6 +111,8 @@ class OnnxRunner:
         if not self.kv_in_place:
             raise ValueError(f"{self.model_path} does not support in-place KV")
         binding = self._binding
+        # IOBinding cannot bind an overridable initializer: ``num_logits_to_keep`` keeps its
+        # default (all positions), which for a decode step is the one position anyway.
         shape = (*input_ids.shape, self.vocab_size)
         if binding is None or past is not self._bound_past or self._logits.shape != shape:
             binding = self.session.io_binding()

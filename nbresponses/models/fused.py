@@ -9,7 +9,8 @@ KV concat, causal softmax in one kernel), one packed gate/up MatMul and ``SwiGLU
 The graph keeps the Optimum export's inputs and outputs, names and meaning, so the engine and
 ``fidelity.py`` run it unchanged: ``input_ids``, ``attention_mask`` [B, past+S] (rows padded on
 the LEFT), ``position_ids`` [B, S], ``past_key_values.{i}.{key,value}`` [B, kv_heads, past,
-head_dim] -> ``logits`` [B, S, vocab], ``present.{i}.{key,value}``. Left padding works because
+head_dim] -> ``logits`` [B, S, vocab], ``present.{i}.{key,value}``; one optional input more,
+``num_logits_to_keep`` (default 0: all positions; the engine asks for 1). Left padding works because
 every row of the cache buffer has the same length: GroupQueryAttention is told all rows are
 full (``seqlens_k`` = past+S-1) and the padded columns are masked by an additive
 ``attention_bias`` derived from ``attention_mask``; rotary uses ``position_ids`` per row.
@@ -28,6 +29,7 @@ from nbresponses.models.errors import RecipeError
 
 OPSET = 21
 KV_IN_PLACE = "nbresponses.kv_in_place"  # metadata read by nbresponses.engine.runner
+LOGITS_TO_KEEP = "num_logits_to_keep"  # optional input [1]: logits of the last N positions
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
 _STATIC_ROPE = (None, "default", "linear", "llama3")
 _MASKED = float(np.finfo(np.float32).min)
@@ -270,8 +272,22 @@ def build_fused_model(model: Any) -> Any:
             domain="com.microsoft",
             epsilon=eps,
         )
+    # Logits of the last ``num_logits_to_keep`` positions only (0, the default: all of them,
+    # as the Optimum export gives). A prompt needs only its last position's logits, and the LM
+    # head is a fifth of the model: keeping one position cuts that fifth from every prefill.
+    keep = g.weight(LOGITS_TO_KEEP, np.array([0], np.int64))
+    kept = g.node(
+        "Slice",
+        [
+            normed,
+            g.node("Neg", [keep], name="logits_start")[0],
+            g.weight("const/int64_max", np.array([np.iinfo(np.int64).max], np.int64)),
+            one,
+        ],
+        name="logits_positions",
+    )[0]
     head = state.get("lm_head.weight", state["model.embed_tokens.weight"])
-    g.node("MatMul", [normed, g.weight("lm_head.weight", _np(head).T)], ["logits"], name="lm_head")
+    g.node("MatMul", [kept, g.weight("lm_head.weight", _np(head).T)], ["logits"], name="lm_head")
 
     fp32 = TensorProto.FLOAT
     cache_in = ["batch", kv_heads, "past_sequence_length", head_dim]
@@ -284,10 +300,13 @@ def build_fused_model(model: Any) -> Any:
         helper.make_tensor_value_info(
             "position_ids", TensorProto.INT64, ["batch", "sequence_length"]
         ),
+        # an input with a default (its initializer): ONNX Runtime lists it among the
+        # session's overridable initializers, and callers that do not know it are unaffected
+        helper.make_tensor_value_info(LOGITS_TO_KEEP, TensorProto.INT64, [1]),
     ]
     outputs = [
         helper.make_tensor_value_info(
-            "logits", fp32, ["batch", "sequence_length", int(config.vocab_size)]
+            "logits", fp32, ["batch", "kept_positions", int(config.vocab_size)]
         )
     ]
     for i in range(layers):

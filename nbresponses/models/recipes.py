@@ -211,7 +211,7 @@ RECIPES: dict[str, Recipe] = {
             "fused-fp32",
             "our fused graph (GroupQueryAttention, SkipSimplifiedLayerNormalization, packed "
             "QKV and gate/up) built from the source weights, fp32; Llama-family models only",
-            params={"graph": "fused", "kv": "in-place", "bits": 32},
+            params={"graph": "fused", "kv": "in-place", "logits_to_keep": "input", "bits": 32},
             from_source=fused_graph(None),
         ),
         Recipe(
@@ -221,6 +221,7 @@ RECIPES: dict[str, Recipe] = {
             params={
                 "graph": "fused",
                 "kv": "in-place",
+                "logits_to_keep": "input",
                 "bits": 8,
                 "block_size": 32,
                 "accuracy_level": 4,
@@ -235,6 +236,7 @@ RECIPES: dict[str, Recipe] = {
             params={
                 "graph": "fused",
                 "kv": "in-place",
+                "logits_to_keep": "input",
                 "bits": 4,
                 "block_size": 32,
                 "accuracy_level": 4,
