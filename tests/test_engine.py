@@ -45,6 +45,13 @@ async def engine(tiny_model, tokenizer):
 
 
 @pytest.fixture(scope="module")
+def tiny_fused_fp32(tiny_source, cache_dir):
+    from nbresponses.models.prepare import prepare_model
+
+    return prepare_model(tiny_source, "fused-fp32", cache_dir=cache_dir, progress=False)
+
+
+@pytest.fixture(scope="module")
 def references(torch_tiny, prompts, tokenizer):
     return [torch_greedy(torch_tiny, p, GREEDY.max_tokens, tokenizer.eos_token_id) for p in prompts]
 
@@ -368,3 +375,21 @@ def test_mailbox_coalesces_wakeups_and_keeps_order():
         loop.close()
     with pytest.raises(RuntimeError):
         box.post(queues[0], Step((10,)))
+
+
+def _subnormals_survive() -> bool:
+    tiny = np.array([1e-40], np.float32)  # subnormal in float32
+    return bool((tiny * np.float32(1.0))[0] != 0) and bool(np.float64(5e-324) * 2.0 != 0)
+
+
+def test_the_callers_float_state_is_untouched(tiny_fused_fp32, tokenizer, prompts):
+    """Loading and running the engine leaves the caller's float state alone (ONNX Runtime's
+    denormals-as-zero option would set flush-to-zero on the thread that makes the session: the
+    user's notebook)."""
+    assert _subnormals_survive()
+    eng = OnnxEngine(tiny_fused_fp32, tokenizer=tokenizer)
+    try:
+        asyncio.run(run_all(eng, prompts[:2], GREEDY))
+    finally:
+        eng.close_sync()
+    assert _subnormals_survive()
