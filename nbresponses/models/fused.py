@@ -10,9 +10,9 @@ The graph keeps the Optimum export's inputs and outputs, names and meaning, so t
 ``fidelity.py`` run it unchanged: ``input_ids``, ``attention_mask`` [B, past+S] (rows padded on
 the LEFT), ``position_ids`` [B, S], ``past_key_values.{i}.{key,value}`` [B, kv_heads, past,
 head_dim] -> ``logits`` [B, S, vocab], ``present.{i}.{key,value}``; one optional input more,
-``num_logits_to_keep`` (default 0: all positions; the engine asks for 1). Left padding works because
-every row of the cache buffer has the same length: GroupQueryAttention is told all rows are
-full (``seqlens_k`` = past+S-1) and the padded columns are masked by an additive
+``num_logits_to_keep`` (default 0: all positions; the engine asks for 1). Left padding works
+because every row of the cache buffer has the same length: GroupQueryAttention is told all rows
+are full (``seqlens_k`` = past+S-1) and the padded columns are masked by an additive
 ``attention_bias`` derived from ``attention_mask``; rotary uses ``position_ids`` per row.
 Limit (GroupQueryAttention's): a multi-token step with a past needs batch 1 (the engine
 prefills every request alone).
