@@ -16,7 +16,7 @@ llama-cpp-python the llama.cpp column is the ANCHOR from DESIGN.md §3 (Q8_0, ba
 on a quiet machine with this model and prompt), not a measurement of this run: on a busy machine
 every measured number drops and the ratio against the anchor understates.
 
-    pip install llama-cpp-python   # builds llama.cpp from source (about 10 min on 2 cores)
+    pip install llama-cpp-python   # builds llama.cpp from source (about 7 min on 2 cores)
     python benchmarks/decode.py --rounds 3
 """
 
