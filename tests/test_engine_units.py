@@ -83,8 +83,8 @@ def test_prefix_cache_longest_match_and_lru():
 def test_batch_kv_left_padding_merge_and_trim():
     layout = KVLayout(("a", "b"), ("pa", "pb"), kv_heads=2, head_dim=4, dtype=np.dtype("float32"))
     kv = BatchKV(layout)
-    kv.add([np.ones((2, 3, 4), np.float32)] * 2)
-    kv.add([np.full((2, 5, 4), 2, np.float32)] * 2)
+    kv.add_rows([[np.ones((2, 3, 4), np.float32)] * 2])
+    kv.add_rows([[np.full((2, 5, 4), 2, np.float32)] * 2])
     assert kv.pads == [2, 0] and kv.length == 5
     np.testing.assert_array_equal(kv.attention_mask(), [[0, 0, 1, 1, 1, 1], [1] * 6])
     np.testing.assert_array_equal(kv.positions(), [[3], [5]])
@@ -101,9 +101,9 @@ def test_batch_kv_add_rows_at_once_equals_one_by_one(in_place):
     joining = [[rng.normal(size=(2, n, 4)).astype(np.float32) for _ in range(2)] for n in (6, 2)]
     one_by_one, at_once = BatchKV(layout, in_place=in_place), BatchKV(layout, in_place=in_place)
     for kv in (one_by_one, at_once):
-        kv.add(first)
+        kv.add_rows([first])
     for row in joining:
-        one_by_one.add(row)
+        one_by_one.add_rows([row])
     at_once.add_rows(joining)
     assert at_once.pads == one_by_one.pads == [2, 0, 4] and at_once.length == 6
     for a, b in zip(at_once._numpy(), one_by_one._numpy(), strict=True):

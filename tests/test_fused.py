@@ -180,12 +180,12 @@ def test_batch_kv_in_place_matches_copying() -> None:
     rng = np.random.default_rng(0)
     copying, in_place = kv.BatchKV(layout), kv.BatchKV(layout, in_place=True)
     for batch in (copying, in_place):
-        batch.add([rng.normal(size=(2, 5, 4)).astype(np.float32)])
+        batch.add_rows([[rng.normal(size=(2, 5, 4)).astype(np.float32)]])
     for step in range(300):  # more steps than the headroom: the buffers are re-made
         if step in (3, 150):
             row = [rng.normal(size=(2, 2 + step // 10, 4)).astype(np.float32)]
-            copying.add(row)
-            in_place.add(row)
+            copying.add_rows([row])
+            in_place.add_rows([row])
         if step == 200:
             copying.remove([0])
             in_place.remove([0])

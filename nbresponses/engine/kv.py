@@ -109,13 +109,10 @@ class BatchKV:
 
             self._bound = [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays]
 
-    def add(self, row: RowKV) -> None:
-        """Append a row (its KV without padding); widen everything on the left if it is longer."""
-        self.add_rows([row])
-
     def add_rows(self, rows: list[RowKV]) -> None:
-        """Append rows in one re-allocation (requests admitted together cost one copy, not one
-        per request: 16 arrivals re-made the whole batch 16 times, 3% of a 16-way run)."""
+        """Append rows (their KV without padding), widening everything on the left to the
+        longest, in one re-allocation: requests admitted together cost one copy, not one each
+        (16 arrivals re-made the whole batch 16 times, 3% of a 16-way run)."""
         if not rows:
             return
         widths = [row[0].shape[1] for row in rows]

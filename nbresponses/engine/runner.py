@@ -22,9 +22,8 @@ import onnxruntime as ort
 
 from nbresponses.engine.kv import KVLayout
 from nbresponses.models.cpu import physical_cores
+from nbresponses.models.fused import KV_IN_PLACE, LOGITS_TO_KEEP  # the graph builder's names
 
-KV_IN_PLACE = "nbresponses.kv_in_place"  # model metadata key: "1" when in-place KV is valid
-LOGITS_TO_KEEP = "num_logits_to_keep"  # optional input of the fused graph (see models/fused.py)
 _LAST_POSITION = np.array([1], np.int64)
 
 
