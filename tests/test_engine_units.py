@@ -1,4 +1,4 @@
-"""Engine building blocks on their own: sampling, logprobs, prefix cache, batch KV."""
+"""Engine building blocks on their own: sampling, logprobs, prefix cache, batch KV layouts."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from nbresponses.engine import sampling
-from nbresponses.engine.kv import BatchKV, KVLayout
+from nbresponses.engine.kv import EndPaddedKV, KVLayout, SeparateKV
 from nbresponses.engine.prefix_cache import PrefixCache
 from nbresponses.engine.types import SamplingParams
 
@@ -74,44 +74,114 @@ def test_prefix_cache_longest_match_and_lru():
     k, kv = cache.lookup((1, 2, 9, 7))
     assert k == 3 and kv[1][0, 0, 0] == 11
     assert cache.lookup((1, 2, 3, 4))[0] == 3  # one token always left to compute
+    assert cache.lookup((1, 2, 3, 4), leave=0)[0] == 4  # unless the caller asks for all
     assert cache.lookup((5, 6)) == (0, None)
     cache.store((1, 2, 3, 4, 5), _row(5, 20))  # supersedes (1, 2, 3, 4); evicts LRU beyond budget
     assert cache.nbytes <= per_token * 10
     assert (1, 2, 3, 4) not in cache._entries
 
 
-def test_batch_kv_left_padding_merge_and_trim():
-    layout = KVLayout(("a", "b"), ("pa", "pb"), kv_heads=2, head_dim=4, dtype=np.dtype("float32"))
-    kv = BatchKV(layout)
+LAYOUT = KVLayout(("a", "b"), ("pa", "pb"), kv_heads=2, head_dim=4, dtype=np.dtype("float32"))
+
+
+class _AppendingRunner:
+    """Stands in for the model: records what a step is fed and, in place, writes the new
+    column where GroupQueryAttention would (at each row's own length)."""
+
+    def __init__(self, batch=None):
+        self.batch, self.calls = batch, []
+
+    def run(self, ids, mask, positions, past, *, in_place=False):
+        self.calls.append((ids.copy(), mask.copy(), positions.copy()))
+        if in_place:
+            for array in self.batch._values:
+                for row, n in enumerate(self.batch.lengths):
+                    array[row, :, n] = 100 + ids[row, 0]
+            return np.zeros((len(ids), 7), np.float32), past
+        column = np.full((1, 2, 1, 4), 100 + ids[0, 0], np.float32)
+        values = [v if isinstance(v, np.ndarray) else v.numpy() for v in past]
+        return np.zeros((1, 7), np.float32), [np.concatenate([v, column], 2) for v in values]
+
+
+def test_end_padded_kv_keeps_every_row_at_column_zero():
+    kv = EndPaddedKV(LAYOUT)
+    runner = _AppendingRunner(kv)
     kv.add_rows([[np.ones((2, 3, 4), np.float32)] * 2])
     kv.add_rows([[np.full((2, 5, 4), 2, np.float32)] * 2])
-    assert kv.pads == [2, 0] and kv.length == 5
-    np.testing.assert_array_equal(kv.attention_mask(), [[0, 0, 1, 1, 1, 1], [1] * 6])
-    np.testing.assert_array_equal(kv.positions(), [[3], [5]])
-    assert kv.row(0)[0].shape == (2, 3, 4) and (kv.row(0)[0] == 1).all()
-    kv.remove([1])  # the long row leaves: padding columns go
-    assert kv.pads == [0] and kv.length == 3 and kv.inputs()[0].shape == (1, 2, 3, 4)
+    assert kv.lengths == [3, 5] and kv.capacity >= 6
+    kv.step(runner, [7, 8])
+    _, mask, positions = runner.calls[-1]
+    np.testing.assert_array_equal(mask, [[1, 1, 1, 1, 0, 0], [1] * 6])  # ones first, per row
+    np.testing.assert_array_equal(positions, [[3], [5]])
+    assert kv.lengths == [4, 6]
+    first = kv.row(0)[0]
+    assert first.shape == (2, 4, 4) and (first[:, :3] == 1).all() and (first[:, 3] == 107).all()
+    kv.remove([1])  # the long row leaves
+    assert kv.lengths == [4] and kv.row(0)[1].shape == (2, 4, 4)
+    np.testing.assert_array_equal(kv.row(0)[0], first)
 
 
-@pytest.mark.parametrize("in_place", [False, True])
-def test_batch_kv_add_rows_at_once_equals_one_by_one(in_place):
-    layout = KVLayout(("a", "b"), ("pa", "pb"), kv_heads=2, head_dim=4, dtype=np.dtype("float32"))
+def test_end_padded_kv_grows_past_its_headroom(monkeypatch):
+    from nbresponses.engine import kv as kv_module
+
+    monkeypatch.setattr(kv_module, "HEADROOM", 2)
+    kv = EndPaddedKV(LAYOUT)
+    runner = _AppendingRunner(kv)
+    kv.add_rows([[np.ones((2, 1, 4), np.float32)] * 2])
+    for token in range(9):  # more steps than spare columns: the buffers are re-made
+        kv.step(runner, [token])
+        assert kv.capacity > kv.lengths[0] - 1
+    np.testing.assert_array_equal(kv.row(0)[0][0, :, 0], [1] + [100 + t for t in range(9)])
+
+
+def test_end_padded_add_rows_at_once_equals_one_by_one():
     rng = np.random.default_rng(0)
     first = [rng.normal(size=(2, 4, 4)).astype(np.float32) for _ in range(2)]
     joining = [[rng.normal(size=(2, n, 4)).astype(np.float32) for _ in range(2)] for n in (6, 2)]
-    one_by_one, at_once = BatchKV(layout, in_place=in_place), BatchKV(layout, in_place=in_place)
+    one_by_one, at_once = EndPaddedKV(LAYOUT), EndPaddedKV(LAYOUT)
     for kv in (one_by_one, at_once):
         kv.add_rows([first])
     for row in joining:
         one_by_one.add_rows([row])
     at_once.add_rows(joining)
-    assert at_once.pads == one_by_one.pads == [2, 0, 4] and at_once.length == 6
-    for a, b in zip(at_once._numpy(), one_by_one._numpy(), strict=True):
+    assert at_once.lengths == one_by_one.lengths == [4, 6, 2]
+    for a, b in zip(at_once._values, one_by_one._values, strict=True):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(at_once.row(1)[1], joining[0][1])
     np.testing.assert_array_equal(at_once.row(2)[0], joining[1][0])
     at_once.add_rows([])  # nothing admitted: nothing changes
     assert at_once.size == 3
+
+
+def test_separate_kv_runs_each_row_alone_unpadded():
+    kv = SeparateKV(LAYOUT)
+    runner = _AppendingRunner()
+    kv.add_rows([[np.ones((2, 3, 4), np.float32)] * 2, [np.full((2, 5, 4), 2, np.float32)] * 2])
+    logits = kv.step(runner, [7, 8])
+    assert logits.shape == (2, 7) and kv.lengths == [4, 6] and len(runner.calls) == 2
+    for (ids, mask, positions), n, token in zip(runner.calls, (3, 5), (7, 8), strict=True):
+        assert ids.tolist() == [[token]] and positions.tolist() == [[n]]
+        assert mask.shape == (1, n + 1) and mask.all()
+    assert kv.row(1)[0].shape == (2, 6, 4) and (kv.row(1)[0][:, 5] == 108).all()
+    kv.remove([0])
+    assert kv.lengths == [6] and kv.nbytes == 6 * LAYOUT.bytes_per_token
+
+
+def test_prefill_runs_are_even():
+    from nbresponses.engine.scheduler import prefill_runs
+
+    assert prefill_runs(1, 512) == [2]  # one dummy token after the real one
+    assert prefill_runs(2, 512) == [2]
+    assert prefill_runs(37, 512) == [38]
+    assert prefill_runs(512, 512) == [512]
+    assert prefill_runs(513, 512) == [512, 2]
+    assert prefill_runs(1100, 64) == [64] * 17 + [12]
+    for count in range(1, 300):
+        runs = prefill_runs(count, 16)
+        assert all(r % 2 == 0 and 2 <= r <= 16 for r in runs)
+        assert sum(runs) - count in (0, 1)
+    with pytest.raises(ValueError, match="even"):
+        prefill_runs(10, 5)
 
 
 def test_session_options_tuned_for_decode():

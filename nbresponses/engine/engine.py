@@ -105,6 +105,11 @@ class GenerationStream:
         if not self._request.done:
             self._engine._scheduler.cancel(self._request)
 
+    async def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until no request runs or waits and the prefix cache holds every finished
+        answer (re-computed while idle, so a follow-up turn reuses it). False on timeout."""
+        return await asyncio.to_thread(self._scheduler.wait_idle, timeout)
+
     async def aclose(self) -> None:
         """Stop early (what ``async with contextlib.aclosing(stream)`` calls)."""
         if not self._finished:
@@ -247,6 +252,11 @@ class OnnxEngine:
     @property
     def decode_steps(self) -> int:
         return self._scheduler.steps
+
+    async def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until no request runs or waits and the prefix cache holds every finished
+        answer (re-computed while idle, so a follow-up turn reuses it). False on timeout."""
+        return await asyncio.to_thread(self._scheduler.wait_idle, timeout)
 
     async def aclose(self) -> None:
         """Stop the worker; unfinished requests end with ``cancelled``."""

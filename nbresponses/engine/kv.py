@@ -1,22 +1,25 @@
-"""The running batch's KV cache: one left-padded tensor per layer input, kept between steps.
+"""The running batch's KV cache, in a layout that makes a row's numbers independent of its mates.
 
-Rows of different lengths share one tensor per layer ([B, kv_heads, L, head_dim]); a row shorter
-than L is padded on the left and masked out by ``attention_mask``, and its position ids count
-only its own tokens, so padding changes nothing but the width of the attention. Between steps the
-tensors stay ONNX Runtime OrtValues (the previous step's ``present.*`` outputs fed back as
-``past_key_values.*``); they become numpy arrays only when rows join or leave.
+A token's logits must be a function of its own request alone (docs/concepts/determinism.md). A
+float sum changes when its terms move to other SIMD lanes or blocks, so a row's keys must sit at
+the same columns whatever rows share the batch. Two layouts keep that:
 
-In-place mode (graphs whose attention appends to the cache in place, such as the fused graph's
-GroupQueryAttention): the tensors are buffers with spare columns, bound as both the past input
-and the present output, so a decode step writes one column instead of copying the whole cache
-(a copy that grows with batch x length and dominated attention at batch 16). Columns past
-``length`` are scratch; the buffers are re-made only when rows join or leave or room runs out.
+``EndPaddedKV`` (graphs marked ``kv_layout=end``, such as the fused graph): one buffer per layer
+input, [B, kv_heads, capacity, head_dim], each row's tokens at columns 0..length-1 and unused
+columns after them; ``attention_mask`` has a row's ones first, so GroupQueryAttention reads each
+row's own length (``seqlens_k``) and appends the new column in place at that row's own position.
+A decode step writes one column per row instead of copying the cache. Buffers are re-made only
+when rows join or leave or room runs out (``HEADROOM`` spare columns).
+
+``SeparateKV`` (every other graph, e.g. the Optimum export, whose attention appends the new key
+after the longest row and so would shift a shorter row's last key): each row keeps its own
+unpadded KV and decodes in a run of its own. Exact, at the speed of batch 1 per row.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -69,129 +72,165 @@ def row_bytes(row: RowKV) -> int:
     return sum(a.nbytes for a in row)
 
 
-class BatchKV:
-    """KV tensors, left padding and positions of the rows currently decoding."""
+class Runner(Protocol):
+    """What a KV layout needs of the runner (``runner.OnnxRunner``)."""
 
-    def __init__(self, layout: KVLayout, *, in_place: bool = False) -> None:
+    def run(
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray,
+        position_ids: np.ndarray,
+        past: list[Any],
+        *,
+        in_place: bool = False,
+    ) -> tuple[np.ndarray, list[Any]]: ...
+
+
+class DecodingRows(Protocol):
+    """The KV of the rows decoding now, and the one call that advances them all by a token."""
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def lengths(self) -> list[int]: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def add_rows(self, rows: list[RowKV]) -> None: ...
+
+    def remove(self, indices: list[int]) -> None: ...
+
+    def row(self, index: int) -> RowKV: ...
+
+    def step(self, runner: Runner, token_ids: list[int]) -> np.ndarray:
+        """Feed each row its next token; return the logits [B, vocab] (row i for row i)."""
+        ...
+
+
+class EndPaddedKV:
+    """In-place buffers with every row's tokens at the start; one batched run per decode step."""
+
+    def __init__(self, layout: KVLayout) -> None:
         self.layout = layout
-        self.in_place = in_place
-        self.pads: list[int] = []
-        self.length = 0  # L: columns of every KV tensor holding tokens (or padding)
-        self._values: list[Any] = []  # numpy arrays or OrtValues, [B, kv, L (or capacity), hd]
-        self._bound: list[Any] = []  # in place: OrtValues over ``_values`` (same memory)
+        self.lengths: list[int] = []
+        self._values: list[np.ndarray] = []  # [B, kv, capacity, hd] per past input
+        self._bound: list[Any] = []  # OrtValues over ``_values`` (same memory)
 
     @property
     def size(self) -> int:
-        return len(self.pads)
+        return len(self.lengths)
 
     @property
-    def nbytes(self) -> int:
-        return self.size * self.length * self.layout.bytes_per_token
+    def width(self) -> int:
+        """Columns holding tokens in the longest row."""
+        return max(self.lengths, default=0)
 
     @property
     def capacity(self) -> int:
-        return self._values[0].shape[2] if self.in_place and self._values else self.length
+        return self._values[0].shape[2] if self._values else 0
 
-    def _numpy(self) -> list[np.ndarray]:
-        if self.in_place:
-            return [a[:, :, : self.length] for a in self._values]
-        return [v if isinstance(v, np.ndarray) else v.numpy() for v in self._values]
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.capacity * self.layout.bytes_per_token
 
-    def _alloc(self, like: np.ndarray, rows: int, width: int) -> np.ndarray:
-        """A zeroed [rows, kv, width (+ headroom in place), hd] array."""
-        columns = width + HEADROOM if self.in_place else width
-        return np.zeros((rows, like.shape[-3], columns, like.shape[-1]), like.dtype)
+    def _make(self, rows: list[tuple[list[np.ndarray], int]]) -> None:
+        """New buffers holding ``rows`` (per-input [kv, >=length, hd] arrays and a length)."""
+        columns = max(length for _, length in rows) + HEADROOM
+        arrays = []
+        for i in range(len(self.layout.past_names)):
+            like = rows[0][0][i]
+            out = np.zeros((len(rows), like.shape[-3], columns, like.shape[-1]), like.dtype)
+            for j, (row, length) in enumerate(rows):
+                out[j, :, :length] = row[i][:, :length]
+            arrays.append(out)
+        import onnxruntime as ort
 
-    def _adopt(self, arrays: list[np.ndarray]) -> None:
         self._values = arrays
-        if self.in_place:
-            import onnxruntime as ort
+        self._bound = [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays]
+        self.lengths = [length for _, length in rows]
 
-            self._bound = [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays]
+    def _rows(self) -> list[tuple[list[np.ndarray], int]]:
+        return [([a[j] for a in self._values], n) for j, n in enumerate(self.lengths)]
 
     def add_rows(self, rows: list[RowKV]) -> None:
-        """Append rows (their KV without padding), widening everything on the left to the
-        longest, in one re-allocation: requests admitted together cost one copy, not one each
-        (16 arrivals re-made the whole batch 16 times, 3% of a 16-way run)."""
-        if not rows:
-            return
-        widths = [row[0].shape[1] for row in rows]
-        width = max(self.length, *widths)
-        grow = width - self.length
-        old = self._numpy() if self.pads else [None] * len(rows[0])
-        merged = []
-        for i, batch in enumerate(old):
-            like = rows[0][i]
-            out = self._alloc(like, self.size + len(rows), width)
-            if batch is not None:
-                out[: self.size, :, grow:width] = batch
-            for j, (row, tokens) in enumerate(zip(rows, widths, strict=True)):
-                out[self.size + j, :, width - tokens : width] = row[i]
-            merged.append(out)
-        self._adopt(merged)
-        self.pads = [p + grow for p in self.pads] + [width - tokens for tokens in widths]
-        self.length = width
+        """Append rows (their unpadded KV) in one re-allocation: requests admitted together
+        cost one copy of the batch, not one each."""
+        if rows:
+            self._make(self._rows() + [(row, row[0].shape[1]) for row in rows])
 
     def remove(self, indices: list[int]) -> None:
-        """Drop rows; trim columns that became padding in every remaining row."""
         if not indices:
             return
-        keep = [i for i in range(self.size) if i not in set(indices)]
-        if not keep:
-            self.pads, self.length, self._values, self._bound = [], 0, [], []
-            return
-        trim = min(self.pads[i] for i in keep)
-        width = self.length - trim
-        if self.in_place:
-            kept = []
-            for a in self._numpy():
-                out = self._alloc(a, len(keep), width)
-                out[:, :, :width] = a[keep, :, trim:]
-                kept.append(out)
+        gone = set(indices)
+        kept = [r for j, r in enumerate(self._rows()) if j not in gone]
+        if kept:
+            self._make(kept)
         else:
-            kept = [np.ascontiguousarray(a[keep, :, trim:]) for a in self._numpy()]
-        self._adopt(kept)
-        self.pads = [self.pads[i] - trim for i in keep]
-        self.length = width
+            self.lengths, self._values, self._bound = [], [], []
 
     def row(self, index: int) -> RowKV:
-        """A copy of one row's KV without its padding (for the prefix cache)."""
-        pad = self.pads[index]
-        return [np.array(a[index, :, pad:]) for a in self._numpy()]
+        """A copy of one row's KV without its padding."""
+        n = self.lengths[index]
+        return [np.array(a[index, :, :n]) for a in self._values]
 
-    def inputs(self) -> list[Any]:
-        """The past for the next step; in place, OrtValue buffers with room for one more column.
+    def step(self, runner: Runner, token_ids: list[int]) -> np.ndarray:
+        if self.width + 1 > self.capacity:  # no spare column left for the longest row
+            self._make(self._rows())
+        width = self.width + 1
+        mask = np.zeros((self.size, width), np.int64)
+        for j, n in enumerate(self.lengths):
+            mask[j, : n + 1] = 1
+        ids = np.array([[t] for t in token_ids], np.int64)
+        positions = np.array([[n] for n in self.lengths], np.int64)
+        logits, _ = runner.run(ids, mask, positions, self._bound, in_place=True)
+        self.lengths = [n + 1 for n in self.lengths]
+        return logits
 
-        The list object stays the same between re-allocations, so a runner can keep its
-        bindings while ``inputs() is`` what it bound last time.
-        """
-        if not self.in_place:
-            return self._values
-        if self.length + 1 > self.capacity:
-            grown = []
-            for a in self._values:
-                out = self._alloc(a, a.shape[0], self.length)
-                out[:, :, : self.length] = a[:, :, : self.length]
-                grown.append(out)
-            self._adopt(grown)
-        return self._bound
 
-    def attention_mask(self) -> np.ndarray:
-        """[B, L + 1]: zeros over each row's padding, ones over its tokens and the new one."""
-        mask = np.ones((self.size, self.length + 1), np.int64)
-        for i, pad in enumerate(self.pads):
-            mask[i, :pad] = 0
-        return mask
+class SeparateKV:
+    """Each row its own KV and its own run: exact for any graph, batch-1 speed per row."""
 
-    def positions(self) -> np.ndarray:
-        """[B, 1]: the position of each row's next token (its own token count so far)."""
-        return np.array([[self.length - pad] for pad in self.pads], np.int64)
+    def __init__(self, layout: KVLayout) -> None:
+        self.layout = layout
+        self._pasts: list[list[Any]] = []  # per row: numpy arrays or OrtValues, [1, kv, T, hd]
+        self.lengths: list[int] = []
 
-    def advance(self, presents: list[Any]) -> None:
-        """Adopt the step's outputs (one column longer) as the new past.
+    @property
+    def size(self) -> int:
+        return len(self.lengths)
 
-        In place the step wrote its column into the buffers themselves: only the length moves.
-        """
-        if not self.in_place:
-            self._values = presents
-        self.length += 1
+    @property
+    def nbytes(self) -> int:
+        return sum(self.lengths) * self.layout.bytes_per_token
+
+    def add_rows(self, rows: list[RowKV]) -> None:
+        for row in rows:
+            self._pasts.append([a[None] for a in row])
+            self.lengths.append(row[0].shape[1])
+
+    def remove(self, indices: list[int]) -> None:
+        gone = set(indices)
+        self._pasts = [p for j, p in enumerate(self._pasts) if j not in gone]
+        self.lengths = [n for j, n in enumerate(self.lengths) if j not in gone]
+
+    def row(self, index: int) -> RowKV:
+        return [_numpy(v)[0] for v in self._pasts[index]]
+
+    def step(self, runner: Runner, token_ids: list[int]) -> np.ndarray:
+        out = []
+        for j, (token, n) in enumerate(zip(token_ids, self.lengths, strict=True)):
+            logits, self._pasts[j] = runner.run(
+                np.array([[token]], np.int64),
+                np.ones((1, n + 1), np.int64),
+                np.array([[n]], np.int64),
+                self._pasts[j],
+            )
+            out.append(logits[0])
+        self.lengths = [n + 1 for n in self.lengths]
+        return np.stack(out)
+
+
+def _numpy(value: Any) -> np.ndarray:
+    return np.array(value) if isinstance(value, np.ndarray) else value.numpy()

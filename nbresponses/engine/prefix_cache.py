@@ -1,8 +1,10 @@
 """Reuse of earlier requests' KV for prompts that extend them (multi-turn chat), LRU-bounded.
 
 The KV of a token depends only on the tokens before it, so any stored sequence that shares its
-first k tokens with a new prompt supplies the KV of those k tokens. Entries are whole sequences
-(prompt + output of a finished request); lookup takes the longest common prefix over all entries.
+first k tokens with a new prompt supplies the KV of those k tokens; lookup takes the longest
+common prefix over all entries. Entries are prompts, and finished requests' prompt + answer, all
+computed by prefill runs (the scheduler never stores what decode steps computed): so the KV a
+hit supplies is bit for bit the KV a cold prefill of the same tokens computes.
 """
 
 from __future__ import annotations
@@ -31,16 +33,16 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def lookup(self, prompt: tuple[int, ...]) -> tuple[int, RowKV | None]:
-        """(k, KV of the first k tokens) for the best match; k < len(prompt) so one token remains
-        to compute logits from. (0, None) when nothing matches."""
+    def lookup(self, prompt: tuple[int, ...], *, leave: int = 1) -> tuple[int, RowKV | None]:
+        """(k, KV of the first k tokens) for the best match, k <= len(prompt) - ``leave`` (by
+        default one token remains to compute logits from). (0, None) when nothing matches."""
         if not prompt or self.budget_bytes <= 0:
             return 0, None
         query = np.asarray(prompt, np.int64)
         best, best_key = 0, None
         with self._lock:
             for key in self._entries:
-                n = min(len(key), len(query) - 1)
+                n = min(len(key), len(query) - leave)
                 if n <= best:
                     continue
                 differ = np.flatnonzero(np.asarray(key[:n], np.int64) != query[:n])

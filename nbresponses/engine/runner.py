@@ -5,10 +5,11 @@ threads only contend for the same vector units), sequential execution, full grap
 Inputs and outputs travel as OrtValues (`run_with_ort_values`), so the KV cache produced by one
 step is fed to the next without passing through numpy.
 
-Graphs that mark themselves ``nbresponses.kv_in_place`` (the fused graph: GroupQueryAttention
-writes the new column into the past buffer when past and present are one tensor) decode through
-an IOBinding that binds each KV buffer as both input and output; the bindings are kept between
-steps and only the ids, mask and positions are re-bound (see ``kv.BatchKV``).
+Graphs that mark their KV layout as end-padded and in place (the fused graph: GroupQueryAttention
+reads each row's length from the mask and writes the new column into the past buffer when past
+and present are one tensor) decode through an IOBinding that binds each KV buffer as both input
+and output; the bindings are kept between steps and only the ids, mask and positions are re-bound
+(see ``kv.EndPaddedKV``).
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ import onnxruntime as ort
 
 from nbresponses.engine.kv import KVLayout
 from nbresponses.models.cpu import physical_cores
-from nbresponses.models.fused import KV_IN_PLACE, LOGITS_TO_KEEP  # the graph builder's names
-
-_LAST_POSITION = np.array([1], np.int64)
+from nbresponses.models.fused import (  # the graph builder's names
+    END_PADDED_IN_PLACE,
+    KV_LAYOUT,
+    LOGITS_TO_KEEP,
+)
 
 
 def session_options(threads: int | None = None) -> ort.SessionOptions:
@@ -53,7 +56,9 @@ class OnnxRunner:
         self._outputs = ["logits", *self.layout.present_names]
         self.vocab_size = int(self.session.get_outputs()[0].shape[-1])
         metadata = self.session.get_modelmeta().custom_metadata_map
-        self.kv_in_place = metadata.get(KV_IN_PLACE) == "1"
+        # Older fused graphs (left padding with an attention bias) lack the mark: they run one
+        # row at a time (``kv.SeparateKV``), which is exact for any graph.
+        self.kv_in_place = metadata.get(KV_LAYOUT) == END_PADDED_IN_PLACE
         # Some exports (gpt-oss) derive positions from the attention mask and take no position_ids.
         inputs = {i.name for i in self.session.get_inputs()}
         self._inputs = tuple(
@@ -76,11 +81,14 @@ class OnnxRunner:
         past: list[Any],
         *,
         in_place: bool = False,
+        position: int = -1,
     ) -> tuple[np.ndarray, list[Any]]:
-        """Logits of the last position of every row ([B, V] float32) and the present KV.
+        """Logits of one position of every row ([B, V] float32; the last one by default, or
+        ``position`` counted from the end, -1 or -2) and the present KV.
 
-        ``in_place`` (graphs with ``kv_in_place`` only): ``past`` are OrtValue buffers with room
-        for the new columns; they are updated and returned as the present.
+        ``in_place`` (graphs with ``kv_in_place`` only; one new token per row): ``past`` are
+        OrtValue buffers with room for the new columns; they are updated and returned as the
+        present.
         """
         if in_place:
             return self._run_in_place(input_ids, attention_mask, position_ids, past)
@@ -91,11 +99,11 @@ class OnnxRunner:
         }
         feeds = {name: _ortvalue(given[name]) for name in self._inputs}
         if self.last_logits_only:
-            feeds[LOGITS_TO_KEEP] = _ortvalue(_LAST_POSITION)
+            feeds[LOGITS_TO_KEEP] = _ortvalue(np.array([-position], np.int64))
         for name, value in zip(self.layout.past_names, past, strict=True):
             feeds[name] = _ortvalue(value)
         outputs = self.session.run_with_ort_values(self._outputs, feeds)
-        logits = outputs[0].numpy()[:, -1, :]
+        logits = outputs[0].numpy()[:, position, :]
         return np.ascontiguousarray(logits, dtype=np.float32), list(outputs[1:])
 
     def _run_in_place(

@@ -2,9 +2,20 @@
 
 Each iteration (1) drops cancelled rows, (2) admits waiting requests in FIFO order while the batch
 size and KV budget allow, prefilling each one alone (reusing cached prefix KV) and merging it into
-the running batch with left padding, then (3) runs one decode step for every row. Finished rows
-leave at once. ONNX Runtime releases the GIL while it computes, so the asyncio loop that consumes
-the steps (a notebook kernel) stays responsive; steps cross to it via ``call_soon_threadsafe``.
+the running batch, then (3) runs one decode step for every row. Finished rows leave at once.
+ONNX Runtime releases the GIL while it computes, so the asyncio loop that consumes the steps (a
+notebook kernel) stays responsive; steps cross to it via ``call_soon_threadsafe``.
+
+Exactness (docs/concepts/determinism.md): a request's tokens and logprobs depend on nothing but
+the request. Three rules here keep it so, each answering a measured kernel behaviour:
+- prefill runs have an even number of tokens (a dummy token is appended to an odd one; its
+  logits and KV are dropped): ONNX Runtime's attention computes a lone query row of a prefill
+  tile, as a one-row matmul does, with another summation order than a row among others;
+- the prefix cache keeps only KV computed by prefill runs (prompts, and finished answers
+  re-computed while the engine is idle), never the decode steps' KV, which the one-query decode
+  kernel computed in yet another order; so a cached prefix equals what a cold prefill computes;
+- decode batches keep each row's KV unshifted (``kv.EndPaddedKV``) or run rows alone
+  (``kv.SeparateKV``).
 """
 
 from __future__ import annotations
@@ -15,16 +26,19 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from nbresponses.engine import sampling
-from nbresponses.engine.kv import BatchKV, RowKV
+from nbresponses.engine.kv import DecodingRows, EndPaddedKV, RowKV, SeparateKV
 from nbresponses.engine.prefix_cache import PrefixCache
 from nbresponses.engine.runner import OnnxRunner
 from nbresponses.engine.types import GenerationStats, SamplingParams, Step, TokenLogprob
 
-PREFILL_CHUNK = 512  # prompt tokens per prefill run: bounds attention and logits memory
+PREFILL_CHUNK = 512  # prompt tokens per prefill run (even): bounds attention and logits memory
+IDLE_CHUNK = 64  # tokens per run when re-computing a finished answer while idle (even)
+IDLE_QUEUE = 8  # finished answers remembered for idle re-computation (newest kept)
 
 _ids = itertools.count(1)
 
@@ -68,11 +82,16 @@ class Scheduler:
         self.max_batch_size = max_batch_size
         self.kv_budget_bytes = kv_budget_bytes
         self.prefix_cache = prefix_cache
-        self.kv = BatchKV(runner.layout, in_place=runner.kv_in_place)
+        self.kv: DecodingRows = (
+            EndPaddedKV(runner.layout) if runner.kv_in_place else SeparateKV(runner.layout)
+        )
         self.rows: list[Request] = []
         self.steps = 0  # decode steps run (for tests and stats)
         self._waiting: deque[Request] = deque()
+        # finished requests' prompt + answer, to re-compute by prefill when idle (newest last)
+        self._idle_work: deque[tuple[int, ...]] = deque(maxlen=IDLE_QUEUE)
         self._cond = threading.Condition()
+        self._idle = threading.Event()  # set while the worker has nothing at all to do
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="nbresponses-engine", daemon=True)
         self._thread.start()
@@ -84,6 +103,7 @@ class Scheduler:
             if self._stopping:
                 raise RuntimeError("the engine is closed")
             self._waiting.append(request)
+            self._idle.clear()
             self._cond.notify()
 
     def cancel(self, request: Request) -> None:
@@ -101,19 +121,27 @@ class Scheduler:
     def waiting(self) -> int:
         return len(self._waiting)
 
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Block until nothing runs, waits or is left to re-compute for the prefix cache."""
+        return self._idle.wait(timeout)
+
     # -- the worker ---------------------------------------------------------------------------
 
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not (self._stopping or self._waiting or self.rows):
+                while not (self._stopping or self._waiting or self.rows or self._idle_work):
+                    self._idle.set()
                     self._cond.wait()
+                self._idle.clear()
                 if self._stopping:
                     break
             self._drop_cancelled()
             self._admit()
             if self.rows:
                 self._decode()
+            elif not self._waiting and self._idle_work:
+                self._recompute_answer(self._idle_work.pop())
         for request in [*self.rows, *self._waiting]:
             self._finish(request, Step((), finish_reason="cancelled"))
         self.rows.clear()
@@ -162,6 +190,39 @@ class Scheduler:
             self.kv.add_rows([row for _, row in joined])
             self.rows.extend(request for request, _ in joined)
 
+    def _extend(
+        self,
+        tokens: tuple[int, ...],
+        start: int,
+        past: RowKV | None,
+        chunk: int,
+        abort: Callable[[], bool] | None = None,
+    ) -> tuple[np.ndarray, RowKV] | None:
+        """Compute the KV of ``tokens[start:]`` by prefill runs, given the KV of the first
+        ``start`` tokens (``past``). Returns the last token's logits and the KV of all tokens,
+        or None when ``abort()`` said so between runs."""
+        count = len(tokens) - start
+        padded = tokens + tokens[-1:] * (count % 2)  # the dummy: any valid id will do
+        values: list[Any] = self.runner.layout.empty() if past is None else [a[None] for a in past]
+        logits = None
+        begin = start
+        for length in prefill_runs(count, chunk):
+            if abort is not None and abort():
+                return None
+            end = begin + length
+            ids = np.asarray(padded[begin:end], np.int64)[None]
+            mask = np.ones((1, end), np.int64)
+            positions = np.arange(begin, end, dtype=np.int64)[None]
+            # the last real token is the run's last, or its second-to-last before the dummy
+            position = -1 - max(0, end - len(tokens))
+            logits, values = self.runner.run(ids, mask, positions, values, position=position)
+            begin = end
+        assert logits is not None
+        row = [v.numpy()[0] for v in values]
+        if row[0].shape[1] > len(tokens):  # the dummy's column
+            row = [np.ascontiguousarray(a[:, : len(tokens)]) for a in row]
+        return logits[0], row
+
     def _prefill(self, request: Request) -> RowKV | None:
         """Run the prompt alone and send its first token. Returns its KV row, or None when the
         request already finished."""
@@ -171,47 +232,47 @@ class Scheduler:
         prompt = request.prompt
         cached, past = self.prefix_cache.lookup(prompt)
         stats.prompt_tokens, stats.cached_tokens = len(prompt), cached
-        past_values: list = past if past is not None else self.runner.layout.empty()[:]
-        past_values = [a[None] if a.ndim == 3 else a for a in past_values]
-        logits = None
-        for begin in range(cached, len(prompt), PREFILL_CHUNK):
-            chunk = np.asarray(prompt[begin : begin + PREFILL_CHUNK], np.int64)[None]
-            end = begin + chunk.shape[1]
-            mask = np.ones((1, end), np.int64)
-            positions = np.arange(begin, end, dtype=np.int64)[None]
-            logits, past_values = self.runner.run(chunk, mask, positions, past_values)
-        assert logits is not None
-        row: RowKV = [v.numpy()[0] for v in past_values]
+        computed = self._extend(prompt, cached, past, PREFILL_CHUNK)
+        assert computed is not None
+        logits, row = computed
+        self.prefix_cache.store(prompt, row)
         stats.timings["prefill_s"] = time.perf_counter() - start
-        if self._emit(request, logits[0]):
-            self._store_prefix(request, row)
+        if self._emit(request, logits):
             return None
         return row
 
-    def _decode(self) -> None:
-        ids = np.array([[r.generated[-1]] for r in self.rows], np.int64)
+    def _recompute_answer(self, tokens: tuple[int, ...]) -> None:
+        """Give the prefix cache a finished request's prompt + answer, computed by prefill as a
+        later turn's cold prompt would be, so that turn reuses it exactly. Runs only while
+        nothing waits; yields to any arrival between runs of ``IDLE_CHUNK`` tokens."""
+        cached, past = self.prefix_cache.lookup(tokens, leave=0)
+        if cached == len(tokens):
+            return
+
+        def arrived() -> bool:
+            return bool(self._waiting or self._stopping)
+
         try:
-            logits, presents = self.runner.run(
-                ids,
-                self.kv.attention_mask(),
-                self.kv.positions(),
-                self.kv.inputs(),
-                in_place=self.kv.in_place,
-            )
+            computed = self._extend(tokens, cached, past, IDLE_CHUNK, abort=arrived)
+        except Exception:  # a cache warm-up only: nobody waits for it
+            return
+        if computed is not None:
+            self.prefix_cache.store(tokens, computed[1])
+
+    def _decode(self) -> None:
+        try:
+            logits = self.kv.step(self.runner, [r.generated[-1] for r in self.rows])
         except Exception as exc:  # the batch is lost; fail its rows, keep serving new ones
             for request in self.rows:
                 self._finish(request, Step((), finish_reason="error", error=_describe(exc)))
             self._remove(list(range(len(self.rows))))
             return
-        self.kv.advance(presents)
         self.steps += 1
         finished = []
         for i, request in enumerate(self.rows):
             if request.cancelled or self._emit(request, logits[i]):
                 finished.append(i)
-                if not request.cancelled:
-                    self._store_prefix(request, self.kv.row(i))
-                else:
+                if request.cancelled:
                     self._finish(request, Step((), finish_reason="cancelled"))
         self._remove(finished)
 
@@ -247,16 +308,11 @@ class Scheduler:
             reason = "length"
         step = Step((token,), logprob, finish_reason=reason)
         if reason:
+            self._idle_work.append(request.prompt + tuple(request.generated))
             self._finish(request, step)
         else:
             self._send(request, step)
         return reason is not None
-
-    def _store_prefix(self, request: Request, row: RowKV) -> None:
-        """Keep prompt + output (minus the last token, whose KV was never computed)."""
-        tokens = request.prompt + tuple(request.generated[:-1])
-        if row and row[0].shape[1] == len(tokens):
-            self.prefix_cache.store(tokens, row)
 
     def _finish(self, request: Request, step: Step) -> None:
         if not request.done:
@@ -269,6 +325,18 @@ class Scheduler:
             request.sink(step)
         except RuntimeError:  # the consumer's event loop is gone
             request.cancelled = True
+
+
+def prefill_runs(count: int, chunk: int = PREFILL_CHUNK) -> list[int]:
+    """Lengths of the prefill runs that compute ``count`` tokens: even, at most ``chunk`` (even)
+    tokens each; when ``count`` is odd the last run carries one dummy token more."""
+    if chunk < 2 or chunk % 2:
+        raise ValueError(f"the prefill chunk must be even and >= 2, got {chunk}")
+    total = count + count % 2
+    runs = [chunk] * (total // chunk)
+    if total % chunk:
+        runs.append(total % chunk)
+    return runs
 
 
 def _describe(exc: BaseException) -> str:

@@ -6,14 +6,19 @@ about ten kernels per layer instead, with ONNX Runtime's contrib ops: ``SkipSimp
 Normalization`` (residual add + RMSNorm), one packed QKV MatMul, ``GroupQueryAttention`` (rotary,
 KV concat, causal softmax in one kernel), one packed gate/up MatMul and ``SwiGLU``.
 
-The graph keeps the Optimum export's inputs and outputs, names and meaning, so the engine and
-``fidelity.py`` run it unchanged: ``input_ids``, ``attention_mask`` [B, past+S] (rows padded on
-the LEFT), ``position_ids`` [B, S], ``past_key_values.{i}.{key,value}`` [B, kv_heads, past,
-head_dim] -> ``logits`` [B, S, vocab], ``present.{i}.{key,value}``; one optional input more,
-``num_logits_to_keep`` (default 0: all positions; the engine asks for 1). Left padding works
-because every row of the cache buffer has the same length: GroupQueryAttention is told all rows
-are full (``seqlens_k`` = past+S-1) and the padded columns are masked by an additive
-``attention_bias`` derived from ``attention_mask``; rotary uses ``position_ids`` per row.
+The graph keeps the Optimum export's inputs and outputs, names and meaning, so ``fidelity.py``
+runs it unchanged: ``input_ids``, ``attention_mask`` [B, past+S], ``position_ids`` [B, S],
+``past_key_values.{i}.{key,value}`` [B, kv_heads, past, head_dim] -> ``logits`` [B, S, vocab],
+``present.{i}.{key,value}``; one optional input more, ``num_logits_to_keep`` (default 0: all
+positions; the engine's prefill asks for the last one or two).
+
+Batched rows are padded at the END: a row's ones come first in ``attention_mask`` and its count
+of ones is its length (``seqlens_k`` = that count - 1), so a row's keys sit at columns
+0..length-1 whatever its batch-mates are, and GroupQueryAttention appends each row's new key at
+the row's own position. That is what makes a row's logits bit-identical alone and batched
+(docs/concepts/determinism.md); the left padding with an attention bias of earlier versions
+moved a short row's keys to other SIMD lanes and changed its sums. The graph's metadata says so
+(``KV_LAYOUT``), and the engine then binds the KV buffers as both past and present.
 Limit (GroupQueryAttention's): a multi-token step with a past needs batch 1 (the engine
 prefills every request alone).
 """
@@ -28,11 +33,11 @@ import numpy as np
 from nbresponses.models.errors import RecipeError
 
 OPSET = 21
-KV_IN_PLACE = "nbresponses.kv_in_place"  # metadata read by nbresponses.engine.runner
+KV_LAYOUT = "nbresponses.kv_layout"  # metadata read by nbresponses.engine.runner
+END_PADDED_IN_PLACE = "end-padded-in-place"  # rows padded at the end; past and present shared
 LOGITS_TO_KEEP = "num_logits_to_keep"  # optional input [1]: logits of the last N positions
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
 _STATIC_ROPE = (None, "default", "linear", "llama3")
-_MASKED = float(np.finfo(np.float32).min)
 
 
 class UnsupportedArchitecture(RecipeError):
@@ -142,32 +147,20 @@ def build_fused_model(model: Any) -> Any:
     state = dict(model.state_dict())
     g = _Graph()
 
-    # -- shared inputs: lengths and the left-padding mask, computed once per run
+    # -- shared inputs: the total width and each row's length, computed once per run
     mask_shape = g.node("Shape", ["attention_mask"], name="mask_shape")[0]
-    ids_shape = g.node("Shape", ["input_ids"], name="ids_shape")[0]
     zero = g.weight("const/zero", np.array([0], np.int64))
     one = g.weight("const/one", np.array([1], np.int64))
-    batch = g.node("Gather", [mask_shape, zero], name="batch")[0]
     total = g.node("Gather", [mask_shape, one], name="total")[0]  # [1] = past + S
-    seq = g.node("Gather", [ids_shape, one], name="seq")[0]
     total_i32 = g.node("Cast", [total], name="total_i32", to=TensorProto.INT32)[0]
     total_len = g.node("Squeeze", [total_i32, zero], name="total_len")[0]  # scalar
-    last = g.node(
-        "Sub", [total_i32, g.weight("const/one_i32", np.array([1], np.int32))], name="last"
+    # Rows are padded at the END: each row's length is its own count of ones in the mask, so
+    # its keys sit at the same columns whatever its batch-mates are (see the module docstring).
+    lengths = g.node("ReduceSum", ["attention_mask", one], name="lengths", keepdims=0)[0]
+    lengths_i32 = g.node("Cast", [lengths], name="lengths_i32", to=TensorProto.INT32)[0]
+    seqlens_k = g.node(
+        "Sub", [lengths_i32, g.weight("const/one_i32", np.array([1], np.int32))], name="seqlens_k"
     )[0]
-    seqlens_k = g.node("Expand", [last, batch], name="seqlens_k")[0]  # every row is full
-    maskf = g.node("Cast", ["attention_mask"], name="mask_f", to=TensorProto.FLOAT)[0]
-    blocked = g.node(
-        "Sub", [g.weight("const/onef", np.array(1.0, np.float32)), maskf], name="blocked"
-    )[0]
-    bias2d = g.node(
-        "Mul", [blocked, g.weight("const/masked", np.array(_MASKED, np.float32))], name="bias2d"
-    )[0]
-    bias4d = g.node(
-        "Unsqueeze", [bias2d, g.weight("const/axes12", np.array([1, 2], np.int64))], name="bias4d"
-    )[0]
-    bias_shape = g.node("Concat", [batch, one, seq, total], name="bias_shape", axis=0)[0]
-    attn_bias = g.node("Expand", [bias4d, bias_shape], name="attention_bias")[0]
 
     cos, sin = rotary_caches(model, head_dim)
     cos_name, sin_name = g.weight("rotary/cos", cos), g.weight("rotary/sin", sin)
@@ -218,7 +211,6 @@ def build_fused_model(model: Any) -> Any:
                 cos_name,
                 sin_name,
                 "position_ids",
-                attn_bias,
             ],
             [f"layers.{i}/attn/out", present_k, present_v],
             name=f"layers.{i}/attn",
@@ -322,8 +314,8 @@ def build_fused_model(model: Any) -> Any:
         producer_name="nbresponses.fused",
     )
     # GroupQueryAttention appends in place when past and present share a buffer (the runner
-    # binds them so); seqlens_k from the mask width tells it where the new column goes.
-    helper.set_model_props(model_proto, {KV_IN_PLACE: "1"})
+    # binds them so); seqlens_k, each row's count of ones in the mask, says where its column goes.
+    helper.set_model_props(model_proto, {KV_LAYOUT: END_PADDED_IN_PLACE})
     return model_proto
 
 

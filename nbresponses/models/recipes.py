@@ -211,7 +211,12 @@ RECIPES: dict[str, Recipe] = {
             "fused-fp32",
             "our fused graph (GroupQueryAttention, SkipSimplifiedLayerNormalization, packed "
             "QKV and gate/up) built from the source weights, fp32; Llama-family models only",
-            params={"graph": "fused", "kv": "in-place", "logits_to_keep": "input", "bits": 32},
+            params={
+                "graph": "fused",
+                "kv": "end-padded-in-place",
+                "logits_to_keep": "input",
+                "bits": 32,
+            },
             from_source=fused_graph(None),
         ),
         Recipe(
@@ -220,7 +225,7 @@ RECIPES: dict[str, Recipe] = {
             "LM head quantized (about 2x the decode speed of q8); Llama-family models only",
             params={
                 "graph": "fused",
-                "kv": "in-place",
+                "kv": "end-padded-in-place",
                 "logits_to_keep": "input",
                 "bits": 8,
                 "block_size": 32,
@@ -235,7 +240,7 @@ RECIPES: dict[str, Recipe] = {
             "LM head quantized (fastest, low fidelity on small models); Llama-family only",
             params={
                 "graph": "fused",
-                "kv": "in-place",
+                "kv": "end-padded-in-place",
                 "logits_to_keep": "input",
                 "bits": 4,
                 "block_size": 32,
