@@ -37,16 +37,37 @@ from nbresponses.models.cpu import physical_cores
 from nbresponses.models.prepare import prepare_model
 
 PROMPT = "What is the capital of France? Answer in a few sentences."
+# "x16 mixed": 16 prompts of 30 to ~200 tokens, so decoding rows have different lengths (the
+# batch is ragged), as in real use; the plain x4/x16 rows all share one prompt.
+MIXED_CONTEXT = (
+    "The Seine flows through Paris. The city has twenty arrondissements. Its metro opened in "
+    "1900. The Louvre was a royal palace before it became a museum. "
+)
 
 Result = dict[str, float]  # ttft_s, decode_tps (batch 1), aggregate_tps
 LLAMA_CPP_Q8_ANCHOR = 127.0  # tok/s, batch 1, DESIGN.md §3 (not measured by this script)
 CONCURRENCY = (1, 4, 16)
 
 
-def engine_runner(engine: OnnxEngine, prompt: list[int], n: int, max_tokens: int):
+def mixed_prompts(tokenizer, n: int = 16) -> list[list[int]]:
+    """``n`` chat prompts of growing length: the question after 0..n-1 sentences of context."""
+    sentences = MIXED_CONTEXT.split(". ")
+    texts = [" ".join(sentences[: i % len(sentences)] * (1 + i // 4)) + PROMPT for i in range(n)]
+    return [
+        list(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": t}], add_generation_prompt=True
+            )
+        )
+        for t in texts
+    ]
+
+
+def engine_runner(engine: OnnxEngine, prompts: list[list[int]], max_tokens: int):
+    """One round: every prompt as a concurrent request."""
     engine._scheduler.stop_ids = frozenset()  # benchmark only: fixed lengths, eos ignored
 
-    async def one() -> tuple[float, list[float], int]:
+    async def one(prompt: list[int]) -> tuple[float, list[float], int]:
         stats = GenerationStats()
         start = time.perf_counter()
         times = []
@@ -58,7 +79,7 @@ def engine_runner(engine: OnnxEngine, prompt: list[int], n: int, max_tokens: int
 
     async def run() -> Result:
         start = time.perf_counter()
-        results = await asyncio.gather(*(one() for _ in range(n)))
+        results = await asyncio.gather(*(one(p) for p in prompts))
         end = time.perf_counter()
         total = sum(r[2] for r in results)
         _, first_times, first_tokens = results[0]
@@ -235,9 +256,12 @@ def main() -> None:
     )
 
     systems: dict[str, Callable[[], Result]] = {}
+    mixed = mixed_prompts(engines[base].tokenizer)
+    print(f"x16 mixed: prompts of {min(map(len, mixed))}-{max(map(len, mixed))} tokens")
     for recipe, engine in engines.items():
         for n in CONCURRENCY:
-            systems[f"engine {recipe} x{n}"] = engine_runner(engine, prompt, n, args.max_tokens)
+            systems[f"engine {recipe} x{n}"] = engine_runner(engine, [prompt] * n, args.max_tokens)
+        systems[f"engine {recipe} x16 mixed"] = engine_runner(engine, mixed, args.max_tokens)
     if "optimum" not in args.skip:
         systems[f"optimum generate {base}"] = optimum_runner(
             prepared[base], prompt, args.max_tokens, args.threads
@@ -268,11 +292,8 @@ def main() -> None:
 
 def _speed(name: str, m: Result) -> float:
     """Batch-1 decode speed, or the aggregate for concurrent runs."""
-    return (
-        m["aggregate_tps"]
-        if name.endswith(tuple(f"x{n}" for n in CONCURRENCY[1:]))
-        else (m["decode_tps"])
-    )
+    concurrent = name.endswith(tuple(f"x{n}" for n in CONCURRENCY[1:])) or name.endswith("mixed")
+    return m["aggregate_tps"] if concurrent else m["decode_tps"]
 
 
 def _report(med: dict[str, Result], engines: dict, base: str) -> None:
@@ -294,7 +315,7 @@ def _report(med: dict[str, Result], engines: dict, base: str) -> None:
         line += f"  {speed / med[optimum]['decode_tps']:9.2f}x" if optimum else ""
         line += f"  {speed / llama_tps:11.2f}x"
         print(line)
-    print("tok/s: batch-1 decode for x1 and single systems, aggregate for x4/x16")
+    print("tok/s: batch-1 decode for x1 and single systems, aggregate for x4/x16/x16 mixed")
     if not llama:
         print(
             f"* llama.cpp Q8_0 = {LLAMA_CPP_Q8_ANCHOR:.0f} tok/s is the DESIGN.md anchor (quiet "
@@ -302,12 +323,12 @@ def _report(med: dict[str, Result], engines: dict, base: str) -> None:
         )
     for recipe in engines:
         one = med[f"engine {recipe} x1"]
-        for n in CONCURRENCY[1:]:
-            run = med[f"engine {recipe} x{n}"]
+        for label in [f"x{n}" for n in CONCURRENCY[1:]] + ["x16 mixed"]:
+            run = med[f"engine {recipe} {label}"]
             print(
-                f"{recipe}: x{n} aggregate = {run['aggregate_tps'] / one['decode_tps']:.2f}x its "
-                f"batch-1 decode ({run['steady_tps'] / one['decode_tps']:.2f}x once all "
-                f"{n} are decoding, {run['steady_tps']:.0f} tok/s)"
+                f"{recipe}: {label} aggregate = {run['aggregate_tps'] / one['decode_tps']:.2f}x "
+                f"its batch-1 decode ({run['steady_tps'] / one['decode_tps']:.2f}x once all "
+                f"are decoding, {run['steady_tps']:.0f} tok/s)"
             )
 
 

@@ -97,10 +97,13 @@ def format_report(model: object) -> str:
             f"recipe    {model.recipe}: {manifest['recipe']['description']}",
             f"size      {model.size_bytes / 1e6:.1f} MB   folder {model.path}",
             f"cpu       {', '.join(manifest['cpu']['flags']) or 'no SIMD flags found'}",
-            "fidelity  teacher-forced vs fp32 over "
-            f"{fid['tokens']} tokens: top-1 agreement {fid['top1_agreement']:.1%}, "
-            f"mean KL {fid['mean_kl']:.4f} nats, |Δ logprob| mean {fid['mean_abs_dlogprob']:.4f} "
-            f"max {fid['max_abs_dlogprob']:.3f}",
+            f"fidelity  teacher-forced vs fp32: {model.fidelity_summary()}",
+            *(
+                f"          {name} text: {part['tokens']} tokens, top-1 "
+                f"{part['top1_agreement']:.1%}, |Δ logprob| mean "
+                f"{part['mean_abs_dlogprob']:.4f} p99 {part['p99_abs_dlogprob']:.3f}"
+                for name, part in fid.get("by_text", {}).items()
+            ),
             f"timings   {timings}",
         ]
     )
@@ -113,13 +116,23 @@ def cmd_models(args: argparse.Namespace) -> int:
     if not models:
         print(f"No prepared models in {cache_root(args.cache_dir)}. Try: nbresponses prepare")
         return 0
-    header = f"{'name':28} {'recipe':14} {'size MB':>8} {'top-1':>7} {'mean KL':>8}  path"
+    header = (
+        f"{'name':28} {'recipe':14} {'size MB':>8} {'top-1':>7} {'95% CI':>13} "
+        f"{'|Δlp| mean':>10} {'p99':>6} {'KL':>7} {'tokens':>6}  path"
+    )
     print(header)
     for m in models:
-        agreement = m.fidelity.get("top1_agreement", float("nan"))
-        kl = m.fidelity.get("mean_kl", float("nan"))
-        size = m.size_bytes / 1e6
-        print(f"{m.name:28} {m.recipe:14} {size:8.1f} {agreement:7.1%} {kl:8.4f}  {m.path}")
+        fid = m.fidelity
+        ci = fid.get("top1_ci95")
+        p99 = fid.get("p99_abs_dlogprob")
+        print(
+            f"{m.name:28} {m.recipe:14} {m.size_bytes / 1e6:8.1f} "
+            f"{fid.get('top1_agreement', float('nan')):7.1%} "
+            f"{f'{ci[0]:.1%}-{ci[1]:.1%}' if ci else '-':>13} "
+            f"{fid.get('mean_abs_dlogprob', float('nan')):10.4f} "
+            f"{f'{p99:.3f}' if p99 is not None else '-':>6} "
+            f"{fid.get('mean_kl', float('nan')):7.4f} {fid.get('tokens', 0):6}  {m.path}"
+        )
     return 0
 
 

@@ -47,8 +47,9 @@ class Engine:
     ) -> Engine:
         """Prepare (once, cached) and load ``model`` — by default the bundled SmolLM2.
 
-        ``quantization`` is a recipe name or ``"auto"`` (the fastest with >= 97% top-1
-        agreement with fp32). ``engine_options`` go to the token engine (``max_batch_size``,
+        ``quantization`` is a recipe name, ``"auto"`` (the fastest with >= 95% top-1
+        agreement with fp32) or ``"analysis"`` (fp32 weights: logprobs for analysis).
+        ``engine_options`` go to the token engine (``max_batch_size``,
         ``kv_budget_bytes``, ``prefix_cache_bytes``, ``threads``).
         """
         token_engine = await OnnxEngine.load(
@@ -108,17 +109,11 @@ class Engine:
         return f"<nbr.Engine {self.prepared.describe()}>"
 
     def _repr_html_(self) -> str:
-        fid = self.prepared.fidelity
         rows = {
             "model": self.model,
             "recipe": self.prepared.recipe,
             "size": f"{self.prepared.size_bytes / 1e6:.0f} MB",
-            "fidelity vs fp32": (
-                f"top-1 {fid['top1_agreement']:.1%}, mean KL {fid['mean_kl']:.4f} "
-                f"over {fid['tokens']} tokens"
-                if fid
-                else "not measured"
-            ),
+            "fidelity vs fp32": self.prepared.fidelity_summary(),
             "context": f"{self.token_engine.context_length} tokens",
             "folder": str(self.prepared.path),
         }

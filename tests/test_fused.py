@@ -213,9 +213,20 @@ def test_explicit_fused_recipe_on_unsupported_model_fails_cleanly(gelu_source, t
 def test_auto_falls_back_to_optimum_recipes(gelu_source, tmp_path, monkeypatch) -> None:
     from nbresponses.models import prepare
 
-    monkeypatch.setattr(prepare, "AUTO_ORDER", ("fused-q8", "fp32"))
+    monkeypatch.setitem(prepare.ALIASES, "auto", ("fused-q8", "fp32"))
     prepared = prepare_model(gelu_source, cache_dir=tmp_path, progress=False)
     assert prepared.recipe == "fp32"
+
+
+def test_analysis_is_fp32_weights_in_the_fastest_graph(gelu_source, tiny_source, cache_dir):
+    """One argument for logprobs close to fp32: the fused fp32 graph, or the Optimum fp32
+    export for a model the fused builder does not cover."""
+    assert prepare_model(tiny_source, "analysis", cache_dir=cache_dir, progress=False).recipe == (
+        "fused-fp32"
+    )
+    assert prepare_model(gelu_source, "analysis", cache_dir=cache_dir, progress=False).recipe == (
+        "fp32"
+    )
 
 
 # --- the real bundled model ---------------------------------------------------------------

@@ -249,7 +249,7 @@ def test_cli_prepare_and_models(tiny_source: Path, cache_dir, capsys) -> None:
         == 0
     )
     out = capsys.readouterr().out
-    assert "top-1 agreement 100.0%" in out and "recipe    fp32" in out
+    assert "top-1 100.0% (95% CI" in out and "recipe    fp32" in out
     assert cli_main(["--cache-dir", str(cache_dir), "models"]) == 0
     assert "tiny-llama-src" in capsys.readouterr().out
     assert cli_main(["prepare", "does-not-exist"]) == 2

@@ -143,7 +143,8 @@ class OnnxEngine:
         self.runner = OnnxRunner(prepared.onnx_path, threads=threads)
         self._context_length = prepared.context_length
         self._eos = _eos_ids(self.tokenizer, prepared)
-        self.prefix_cache = PrefixCache(prefix_cache_bytes)
+        # Exactness first: a graph whose numbers depend on the rest of a run gets no reuse.
+        self.prefix_cache = PrefixCache(prefix_cache_bytes if prepared.prefix_reuse else 0)
         self._mailboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Mailbox] = (
             weakref.WeakKeyDictionary()
         )

@@ -308,7 +308,8 @@ class Scheduler:
             reason = "length"
         step = Step((token,), logprob, finish_reason=reason)
         if reason:
-            self._idle_work.append(request.prompt + tuple(request.generated))
+            if self.prefix_cache.budget_bytes > 0:
+                self._idle_work.append(request.prompt + tuple(request.generated))
             self._finish(request, step)
         else:
             self._send(request, step)

@@ -31,11 +31,13 @@ from nbresponses.models.fidelity import measure_fidelity
 from nbresponses.models.fused import UnsupportedArchitecture
 from nbresponses.models.prepared import PreparedModel
 from nbresponses.models.progress import Stages, library_progress_bars
-from nbresponses.models.recipes import AUTO, AUTO_ORDER, FIDELITY_BAR, MODEL_FILE, get_recipe
+from nbresponses.models.recipes import ALIASES, AUTO, FIDELITY_BAR, MODEL_FILE, get_recipe
 from nbresponses.models.sources import ModelSource, resolve_source
 
-# Bump when the export or a recipe changes in a way that invalidates cached files.
-PREPARE_VERSION = 1
+# Bump when the export (EXPORT_VERSION) or a recipe or the fidelity measure (PREPARE_VERSION)
+# changes in a way that invalidates cached files. 2: the broad fidelity set, end-padded graphs.
+EXPORT_VERSION = 1
+PREPARE_VERSION = 2
 _VERSIONED = (
     "nbresponses",
     "onnxruntime",
@@ -75,16 +77,17 @@ def prepare_model(
 ) -> PreparedModel:
     """Resolve, export (Optimum), quantize and evaluate ``model``; cached after the first call.
 
-    ``quantization`` is a recipe name (see ``nbresponses.models.recipes.RECIPES``) or ``"auto"``
-    (default): the fastest recipe whose top-1 agreement with fp32 is at least 97%.
+    ``quantization`` is a recipe name (see ``nbresponses.models.recipes.RECIPES``), ``"auto"``
+    (default: the fastest recipe whose top-1 agreement with fp32 is at least 95%) or
+    ``"analysis"`` (fp32 weights in the fastest graph that runs them: logprobs for analysis).
     """
     recipe_name = quantization or AUTO
-    if recipe_name != AUTO:
+    if recipe_name not in ALIASES:
         get_recipe(recipe_name)  # fail fast, before any expensive work
     source = resolve_source(model, offline=offline)
     if source.kind == "prepared":
         prepared = PreparedModel.open(source.path)
-        if recipe_name not in (AUTO, prepared.recipe):
+        if recipe_name != prepared.recipe and prepared.recipe not in ALIASES.get(recipe_name, ()):
             raise RecipeError(
                 f"{source.path} is already prepared with recipe {prepared.recipe!r}; "
                 f"quantization={recipe_name!r} needs the original model as the source"
@@ -92,8 +95,8 @@ def prepare_model(
         return prepared
 
     root = cache_root(cache_dir)
-    export_dir = root / "exports" / f"{source.name}-{_key(source.content_hash, PREPARE_VERSION)}"
-    candidates = AUTO_ORDER if recipe_name == AUTO else (recipe_name,)
+    export_dir = root / "exports" / f"{source.name}-{_key(source.content_hash, EXPORT_VERSION)}"
+    candidates = ALIASES.get(recipe_name, (recipe_name,))
     # Already prepared: no progress bar at all (a bar that flashes 0/3 in every notebook misleads).
     cached = is_complete(export_dir) and is_complete(_recipe_dir(source, candidates[0], root))
     stages = Stages(f"prepare {source.name}", 3, enabled=progress and not cached)
@@ -108,13 +111,16 @@ def prepare_model(
                 try:
                     prepared = _prepare_recipe(source, export_dir, name, root, stages)
                 except UnsupportedArchitecture:
-                    if recipe_name != AUTO:
+                    if recipe_name not in ALIASES:
                         raise
                     continue  # a fused recipe on a model its builder does not cover: next one
-                if prepared.fidelity.get("top1_agreement", 1.0) >= FIDELITY_BAR:
+                if (
+                    recipe_name != AUTO
+                    or prepared.fidelity.get("top1_agreement", 1.0) >= FIDELITY_BAR
+                ):
                     break
             finished = True
-            return prepared  # an explicit recipe, a faithful one, or the last (fp32) candidate
+            return prepared  # an explicit recipe, the first that builds, a faithful one, or fp32
         finally:
             stages.close(finished=finished)
 

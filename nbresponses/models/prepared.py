@@ -47,6 +47,13 @@ class PreparedModel:
         return dict(self.manifest.get("fidelity") or {})
 
     @property
+    def prefix_reuse(self) -> bool:
+        """False for graphs whose numbers for a token depend on the other tokens of its run
+        (dynamic int8: one activation scale per tensor); the engine then reuses no KV."""
+        recipe = self.manifest.get("recipe", {})
+        return bool(recipe.get("prefix_reuse", recipe.get("name") != "dynamic-int8"))
+
+    @property
     def size_bytes(self) -> int:
         return int(self.manifest.get("size_bytes", self.onnx_path.stat().st_size))
 
@@ -64,13 +71,23 @@ class PreparedModel:
 
         return AutoTokenizer.from_pretrained(str(self.path))
 
+    def fidelity_summary(self) -> str:
+        """Top-1 agreement with its 95% interval, the mean and p99 absolute Δ logprob, the KL
+        and the number of tokens scored, in one line."""
+        fid = self.fidelity
+        if fid.get("top1_agreement") is None:
+            return "fidelity unknown"
+        text = f"top-1 {fid['top1_agreement']:.1%}"
+        if fid.get("top1_ci95"):
+            low, high = fid["top1_ci95"]
+            text += f" (95% CI {low:.1%}-{high:.1%})"
+        text += f", |Δ logprob| mean {fid.get('mean_abs_dlogprob', float('nan')):.4f}"
+        if fid.get("p99_abs_dlogprob") is not None:
+            text += f" p99 {fid['p99_abs_dlogprob']:.3f}"
+        return text + f", KL {fid.get('mean_kl', float('nan')):.4f} over {fid.get('tokens')} tokens"
+
     def describe(self) -> str:
         """One line: name, recipe, size, fidelity."""
-        fid = self.fidelity
-        agreement = fid.get("top1_agreement")
-        fidelity = (
-            f"top-1 {agreement:.1%}, KL {fid.get('mean_kl', 0):.4f}"
-            if agreement is not None
-            else "fidelity unknown"
+        return (
+            f"{self.name} [{self.recipe}] {self.size_bytes / 1e6:.0f} MB, {self.fidelity_summary()}"
         )
-        return f"{self.name} [{self.recipe}] {self.size_bytes / 1e6:.0f} MB, {fidelity}"
