@@ -8,7 +8,7 @@ greedy, ``--max-tokens`` each, medians of ``--rounds`` rounds taken round-robin.
 
 Candidates beyond the registered recipes (8-bit weights with fp32 activations, mixed fp32 /
 8-bit graphs) are built here into ``<cache>/benchmarks`` from the fused fp32 graph: they were
-the ways to get near-fp32 logprobs faster than fp32 (docs/concepts/fidelity.md says which won).
+the ways to get near-fp32 logprobs faster than fp32 (docs/concepts/models.md says which won).
 
     python benchmarks/recipes.py --rounds 3
 """
@@ -51,7 +51,10 @@ CANDIDATES: dict[str, str | Built] = {
     "fused-q8 (default)": "fused-q8",
     "fp32 (Optimum export)": "fp32",
     "q8 (Optimum graph)": "q8",
+    "q8-fp32-head": "q8-fp32-head",
     "fused-q4": "fused-q4",
+    "q4": "q4",
+    "dynamic-int8": "dynamic-int8",
     "fused, 8-bit weights, fp32 activations": Built(8, accuracy_level=0),
     "fused, 8-bit block 16, fp32 head + activations": Built(
         8, accuracy_level=0, block_size=16, quantize_head=False

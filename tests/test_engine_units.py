@@ -194,3 +194,17 @@ def test_session_options_tuned_for_decode():
     assert options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     with pytest.raises(RuntimeError, match="does not have configuration"):
         options.get_session_config_entry("session.set_denormal_as_zero")  # see session_options
+
+
+def test_threads_are_capped_at_the_attention_heads(tmp_path):
+    """More threads than heads lets ONNX Runtime split one row's keys across threads at
+    batch 1 only (flash decoding): the engine never runs so."""
+    from nbresponses.engine.engine import exact_threads
+    from nbresponses.models.prepared import PreparedModel
+
+    (tmp_path / "config.json").write_text('{"num_attention_heads": 4}')
+    prepared = PreparedModel(tmp_path, {})
+    assert exact_threads(prepared, 2) == 2
+    with pytest.warns(UserWarning, match="capped at the model's 4 attention heads"):
+        assert exact_threads(prepared, 16) == 4
+    assert exact_threads(prepared, None) <= 4

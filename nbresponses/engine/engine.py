@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import warnings
 import weakref
 from collections import deque
 from collections.abc import Sequence
@@ -20,6 +21,7 @@ from nbresponses.engine.prefix_cache import PrefixCache
 from nbresponses.engine.runner import OnnxRunner
 from nbresponses.engine.scheduler import Request, Scheduler
 from nbresponses.engine.types import GenerationStats, SamplingParams, Step
+from nbresponses.models.cpu import physical_cores
 from nbresponses.models.prepared import PreparedModel
 
 DEFAULT_KV_BUDGET = 4 << 30  # bytes of running-batch KV (left padding included)
@@ -140,7 +142,7 @@ class OnnxEngine:
             raise ValueError("max_batch_size must be >= 1")
         self.prepared = prepared
         self.tokenizer = tokenizer if tokenizer is not None else prepared.load_tokenizer()
-        self.runner = OnnxRunner(prepared.onnx_path, threads=threads)
+        self.runner = OnnxRunner(prepared.onnx_path, threads=exact_threads(prepared, threads))
         self._context_length = prepared.context_length
         self._eos = _eos_ids(self.tokenizer, prepared)
         # Exactness first: a graph whose numbers depend on the rest of a run gets no reuse.
@@ -277,6 +279,26 @@ class OnnxEngine:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+def exact_threads(prepared: PreparedModel, threads: int | None) -> int:
+    """The intra-op threads to run with: at most the model's attention heads.
+
+    With more threads than batch rows x heads, ONNX Runtime's attention splits a long row's keys
+    across threads for a one-token step ("flash decoding"), which sums in another order: a row
+    alone would get other numbers than the same row in a batch (docs/concepts/determinism.md).
+    """
+    wanted = threads or physical_cores()
+    heads = int(prepared.config.get("num_attention_heads") or 0)
+    if heads and wanted > heads:
+        if threads:
+            warnings.warn(
+                f"threads={threads} capped at the model's {heads} attention heads: more would "
+                "make a request's logprobs depend on its batch-mates",
+                stacklevel=3,
+            )
+        return heads
+    return wanted
 
 
 def _eos_ids(tokenizer: Any, prepared: PreparedModel) -> tuple[int, ...]:
