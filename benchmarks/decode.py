@@ -31,10 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
-from nbresponses.engine.engine import DEFAULT_PREFIX_CACHE, OnnxEngine
-from nbresponses.engine.types import GenerationStats, SamplingParams
 from nbresponses.models.cpu import physical_cores
 from nbresponses.models.prepare import prepare_model
+from nbresponses.runtime.generator import DEFAULT_PREFIX_CACHE, TokenGenerator
+from nbresponses.tokens.contract import GenerationStats, SamplingParams
 
 PROMPT = "What is the capital of France? Answer in a few sentences."
 # "x16 mixed": 16 prompts of 30 to ~200 tokens, so decoding rows have different lengths (the
@@ -63,7 +63,7 @@ def mixed_prompts(tokenizer, n: int = 16) -> list[list[int]]:
     ]
 
 
-def engine_runner(engine: OnnxEngine, prompts: list[list[int]], max_tokens: int):
+def engine_runner(engine: TokenGenerator, prompts: list[list[int]], max_tokens: int):
     """One round: every prompt as a concurrent request."""
     engine._scheduler.stop_ids = frozenset()  # benchmark only: fixed lengths, eos ignored
 
@@ -238,7 +238,7 @@ def main() -> None:
     # not what a new conversation costs and not what llama.cpp (reset each run) is timed on.
     prefix_cache = DEFAULT_PREFIX_CACHE if args.warm else 0
     engines = {
-        r: OnnxEngine(p, threads=args.threads, prefix_cache_bytes=prefix_cache)
+        r: TokenGenerator(p, threads=args.threads, prefix_cache_bytes=prefix_cache)
         for r, p in prepared.items()
     }
     base = args.recipes[0]

@@ -16,8 +16,8 @@ import asyncio
 import statistics
 import time
 
-from nbresponses.engine.types import GenerationStats, SamplingParams
-from nbresponses.session import Engine
+from nbresponses.engine import Engine
+from nbresponses.tokens.contract import GenerationStats, SamplingParams
 
 PROMPT = "Give me three tips for staying focused while studying."
 

@@ -27,12 +27,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from decode import PROMPT, engine_runner, mixed_prompts
 
-from nbresponses.engine.engine import OnnxEngine
 from nbresponses.models.cache import cache_root
 from nbresponses.models.fidelity import measure_fidelity
 from nbresponses.models.prepare import prepare_model
 from nbresponses.models.prepared import PreparedModel
 from nbresponses.models.recipes import MODEL_FILE
+from nbresponses.runtime.generator import TokenGenerator
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ def main() -> None:
             models[name] = _build(name, spec, fp32, export, root)
         print(f"{name}: {models[name].fidelity_summary()}", flush=True)
 
-    engines = {name: OnnxEngine(m, prefix_cache_bytes=0) for name, m in models.items()}
+    engines = {name: TokenGenerator(m, prefix_cache_bytes=0) for name, m in models.items()}
     tokenizer = next(iter(engines.values())).tokenizer
     prompt = list(
         tokenizer.apply_chat_template(

@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it
 _LAZY: dict[str, str] = {
-    "Engine": "nbresponses.session",
+    "Engine": "nbresponses.engine",
     "prepare_model": "nbresponses.models.prepare",
     "list_models": "nbresponses.models.cache",
     "PreparedModel": "nbresponses.models.prepared",
@@ -27,7 +27,7 @@ _LAZY: dict[str, str] = {
     "perplexity": "nbresponses.frames",
     "classification_confidence": "nbresponses.frames",
     "logprobs_heatmap": "nbresponses.frames",
-    "function_tool": "nbresponses.responses.tools",
+    "function_tool": "nbresponses.service.function_tools",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -17,7 +17,7 @@ DEFAULT_PROMPT = "Explain in two sentences why the sky is blue."
 
 
 async def stream_answer(args: argparse.Namespace) -> int:
-    from nbresponses.session import Engine
+    from nbresponses.engine import Engine
 
     engine = await Engine.load(args.model, args.quantization, cache_dir=args.cache_dir)
     try:

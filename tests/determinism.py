@@ -14,8 +14,8 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from nbresponses.engine.engine import OnnxEngine
-from nbresponses.engine.types import GenerationStats, SamplingParams, Step
+from nbresponses.runtime.generator import TokenGenerator
+from nbresponses.tokens.contract import GenerationStats, SamplingParams, Step
 
 
 @dataclass(frozen=True)
@@ -27,20 +27,20 @@ class Outcome:
         return [t for s in self.steps for t in s.token_ids]
 
 
-async def run(engine: OnnxEngine, prompt: Sequence[int], params: SamplingParams) -> Outcome:
+async def run(engine: TokenGenerator, prompt: Sequence[int], params: SamplingParams) -> Outcome:
     stats = GenerationStats()
     return Outcome(tuple([step async for step in engine.generate(prompt, params, stats)]))
 
 
 async def run_after(
-    engine: OnnxEngine, started: asyncio.Event, prompt: Sequence[int], params: SamplingParams
+    engine: TokenGenerator, started: asyncio.Event, prompt: Sequence[int], params: SamplingParams
 ) -> Outcome:
     await started.wait()
     return await run(engine, prompt, params)
 
 
 async def mate(
-    engine: OnnxEngine, prompt: Sequence[int], tokens: int, started: asyncio.Event | None = None
+    engine: TokenGenerator, prompt: Sequence[int], tokens: int, started: asyncio.Event | None = None
 ) -> Outcome:
     """A batch-mate: greedy, ``tokens`` long; sets ``started`` after its third token."""
     params = SamplingParams(max_tokens=tokens, temperature=0, logprobs=True, top_logprobs=2)
@@ -76,8 +76,8 @@ async def run_matrix(
     """Every situation in which some target's steps differ from its cold run alone."""
     failures: list[str] = []
 
-    def engine(**options) -> OnnxEngine:
-        return OnnxEngine(
+    def engine(**options) -> TokenGenerator:
+        return TokenGenerator(
             prepared,
             tokenizer=tokenizer,
             max_batch_size=max_batch_size,

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from nbresponses.engine.types import GenerationStats, SamplingParams, Step
+from nbresponses.tokens.contract import GenerationStats, SamplingParams, Step
 
 PROMPTS = (
     "What is the capital of France?",

@@ -15,10 +15,10 @@ import pytest
 from determinism import run_matrix
 from engine_helpers import PROMPTS, chat_ids
 
-from nbresponses.engine import scheduler
-from nbresponses.engine.types import SamplingParams
 from nbresponses.models.prepare import prepare_model
 from nbresponses.models.recipes import RECIPES
+from nbresponses.runtime import scheduler
+from nbresponses.tokens.contract import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0, logprobs=True, top_logprobs=4)
 SEEDED = SamplingParams(max_tokens=16, temperature=0.9, top_p=0.95, seed=7, logprobs=True)

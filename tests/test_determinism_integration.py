@@ -15,9 +15,9 @@ import pytest
 from determinism import run_matrix
 from engine_helpers import chat_ids
 
-from nbresponses.engine.types import SamplingParams
 from nbresponses.models.fidelity_set import FIDELITY_SET
 from nbresponses.models.prepare import prepare_model
+from nbresponses.tokens.contract import SamplingParams
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -73,8 +73,8 @@ async def test_every_door_of_the_api_gives_the_same_numbers(bundled_model, token
     chain and a restarted engine: the same tokens and logprob floats, bit for bit."""
     from test_server_helpers import ThreadedServer
 
-    from nbresponses.engine.engine import OnnxEngine
-    from nbresponses.session import Engine
+    from nbresponses.engine import Engine
+    from nbresponses.runtime.generator import TokenGenerator
 
     request = {
         "input": "Tell me about the Eiffel Tower.",
@@ -86,7 +86,7 @@ async def test_every_door_of_the_api_gives_the_same_numbers(bundled_model, token
     follow = "How tall is it?"
 
     async def cold(**extra):  # a fresh engine, no prefix cache: the reference
-        async with Engine(OnnxEngine(bundled_model, prefix_cache_bytes=0)) as engine:
+        async with Engine(TokenGenerator(bundled_model, prefix_cache_bytes=0)) as engine:
             return await engine.client().responses.create(**{**request, **extra})
 
     reference = await cold()
@@ -98,7 +98,7 @@ async def test_every_door_of_the_api_gives_the_same_numbers(bundled_model, token
     ]
     reference_turn = await cold(input=conversation)
 
-    async with Engine(OnnxEngine(bundled_model)) as engine:  # a restarted engine, cache on
+    async with Engine(TokenGenerator(bundled_model)) as engine:  # a restarted engine, cache on
         client = engine.client()
         seen = {"create": await client.responses.create(**request)}
         seen["create again (prefix hit)"] = await client.responses.create(**request)

@@ -44,7 +44,7 @@ def test_docs_build_without_warnings(tmp_path: Path) -> None:
         "nbresponses.show",
         "nbresponses.logprobs_frame",
         "nbresponses.function_tool",
-        "nbresponses.responses.client.AsyncResponses.create",
+        "nbresponses.service.client.AsyncResponses.create",
     ):
         assert f'id="{name}"' in api, f"{name} missing from the API reference"
     pages = {p.stem for p in (out / "notebooks").glob("*.html")}

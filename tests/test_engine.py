@@ -19,8 +19,8 @@ from engine_helpers import (
     torch_logprobs,
 )
 
-from nbresponses.engine.engine import OnnxEngine
-from nbresponses.engine.types import SamplingParams, TokenSource
+from nbresponses.runtime.generator import TokenGenerator
+from nbresponses.tokens.contract import SamplingParams, TokenSource
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0)
 
@@ -39,7 +39,7 @@ def prompts(tokenizer):
 
 @pytest.fixture
 async def engine(tiny_model, tokenizer):
-    eng = OnnxEngine(tiny_model, tokenizer=tokenizer)
+    eng = TokenGenerator(tiny_model, tokenizer=tokenizer)
     yield eng
     await eng.aclose()
 
@@ -225,7 +225,7 @@ async def test_prefix_reuse_for_multi_turn(tiny_model, tokenizer, prompts):
     the engine has been idle (it re-computes finished answers by prefill); both give exactly
     the tokens and logprobs of a cold run."""
     params = SamplingParams(max_tokens=12, temperature=0, logprobs=True, top_logprobs=3)
-    async with OnnxEngine(tiny_model, tokenizer=tokenizer) as eng:
+    async with TokenGenerator(tiny_model, tokenizer=tokenizer) as eng:
         first, stats1 = await collect(eng, prompts[0], params)
         assert stats1.cached_tokens == 0
         follow = prompts[0] + tokens(first) + chat_ids(tokenizer, "And of Spain?")
@@ -234,7 +234,7 @@ async def test_prefix_reuse_for_multi_turn(tiny_model, tokenizer, prompts):
         await eng.wait_idle()
         later, stats3 = await collect(eng, follow, params)
         assert stats3.cached_tokens == len(follow) - 1  # the whole conversation but one token
-    async with OnnxEngine(tiny_model, tokenizer=tokenizer, prefix_cache_bytes=0) as cold:
+    async with TokenGenerator(tiny_model, tokenizer=tokenizer, prefix_cache_bytes=0) as cold:
         fresh, stats4 = await collect(cold, follow, params)
         assert stats4.cached_tokens == 0
     assert at_once == fresh and later == fresh  # every token id and logprob, bit for bit
@@ -242,11 +242,11 @@ async def test_prefix_reuse_for_multi_turn(tiny_model, tokenizer, prompts):
 
 async def test_prefix_cache_is_bounded(tiny_model, tokenizer, prompts):
     bytes_per_token = None
-    async with OnnxEngine(tiny_model, tokenizer=tokenizer) as eng:
+    async with TokenGenerator(tiny_model, tokenizer=tokenizer) as eng:
         bytes_per_token = eng.runner.layout.bytes_per_token
     budget = bytes_per_token * 60
     params = SamplingParams(max_tokens=4, temperature=0)
-    async with OnnxEngine(tiny_model, tokenizer=tokenizer, prefix_cache_bytes=budget) as eng:
+    async with TokenGenerator(tiny_model, tokenizer=tokenizer, prefix_cache_bytes=budget) as eng:
         for prompt in prompts:
             await collect(eng, prompt, params)
             assert eng.prefix_cache.nbytes <= budget
@@ -254,10 +254,10 @@ async def test_prefix_cache_is_bounded(tiny_model, tokenizer, prompts):
 
 
 async def test_kv_budget_limits_the_batch_fifo(tiny_model, tokenizer, prompts, references):
-    async with OnnxEngine(tiny_model, tokenizer=tokenizer) as probe:
+    async with TokenGenerator(tiny_model, tokenizer=tokenizer) as probe:
         per_token = probe.runner.layout.bytes_per_token
     longest = max(len(p) for p in prompts) + GREEDY.max_tokens
-    async with OnnxEngine(
+    async with TokenGenerator(
         tiny_model, tokenizer=tokenizer, kv_budget_bytes=2 * longest * per_token
     ) as eng:
         seen = []
@@ -281,7 +281,7 @@ async def test_kv_budget_limits_the_batch_fifo(tiny_model, tokenizer, prompts, r
 
 
 async def test_max_batch_size(tiny_model, tokenizer, prompts, references):
-    async with OnnxEngine(tiny_model, tokenizer=tokenizer, max_batch_size=3) as eng:
+    async with TokenGenerator(tiny_model, tokenizer=tokenizer, max_batch_size=3) as eng:
         peak = 0
 
         async def watch():
@@ -297,7 +297,7 @@ async def test_max_batch_size(tiny_model, tokenizer, prompts, references):
 
 
 async def test_close_ends_running_requests(tiny_model, tokenizer, prompts):
-    eng = OnnxEngine(tiny_model, tokenizer=tokenizer)
+    eng = TokenGenerator(tiny_model, tokenizer=tokenizer)
     stream = eng.generate(prompts[0], SamplingParams(max_tokens=500, temperature=0))
     await stream.__anext__()
     await eng.aclose()
@@ -308,7 +308,7 @@ async def test_close_ends_running_requests(tiny_model, tokenizer, prompts):
 
 
 async def test_load_prepares_and_serves(tiny_source, cache_dir, prompts, references):
-    eng = await OnnxEngine.load(tiny_source, "fp32", cache_dir=cache_dir, progress=False)
+    eng = await TokenGenerator.load(tiny_source, "fp32", cache_dir=cache_dir, progress=False)
     try:
         assert eng.prepared.recipe == "fp32"
         assert await run_all(eng, prompts[:2], GREEDY) == references[:2]
@@ -317,7 +317,7 @@ async def test_load_prepares_and_serves(tiny_source, cache_dir, prompts, referen
 
 
 def test_works_under_asyncio_run(tiny_model, tokenizer, prompts, references):
-    eng = OnnxEngine(tiny_model, tokenizer=tokenizer)
+    eng = TokenGenerator(tiny_model, tokenizer=tokenizer)
 
     async def main():
         try:
@@ -331,7 +331,7 @@ def test_works_under_asyncio_run(tiny_model, tokenizer, prompts, references):
 def test_a_closed_consumer_loop_frees_its_row(tiny_model, tokenizer, prompts, references):
     """Steps cross to each consumer's loop through a mailbox; a loop that is gone (asyncio.run
     returned with its stream unfinished) must cancel the row, not stall the batch."""
-    eng = OnnxEngine(tiny_model, tokenizer=tokenizer)
+    eng = TokenGenerator(tiny_model, tokenizer=tokenizer)
     long = SamplingParams(max_tokens=400, temperature=0)
     kept: list = []
 
@@ -358,8 +358,8 @@ def test_a_closed_consumer_loop_frees_its_row(tiny_model, tokenizer, prompts, re
 
 
 def test_mailbox_coalesces_wakeups_and_keeps_order():
-    from nbresponses.engine.engine import _Mailbox
-    from nbresponses.engine.types import Step
+    from nbresponses.runtime.generator import _Mailbox
+    from nbresponses.tokens.contract import Step
 
     loop = asyncio.new_event_loop()
     calls = []
@@ -393,7 +393,7 @@ def test_the_callers_float_state_is_untouched(tiny_fused_fp32, tokenizer, prompt
     denormals-as-zero option would set flush-to-zero on the thread that makes the session: the
     user's notebook)."""
     assert _subnormals_survive()
-    eng = OnnxEngine(tiny_fused_fp32, tokenizer=tokenizer)
+    eng = TokenGenerator(tiny_fused_fp32, tokenizer=tokenizer)
     try:
         asyncio.run(run_all(eng, prompts[:2], GREEDY))
     finally:

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from engine_helpers import PROMPTS, chat_ids, collect, run_all, tokens, torch_greedy, torch_logprobs
 
-from nbresponses.engine.engine import OnnxEngine
-from nbresponses.engine.types import SamplingParams
+from nbresponses.runtime.generator import TokenGenerator
+from nbresponses.tokens.contract import SamplingParams
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +33,7 @@ def prompts(tokenizer):
 
 async def test_fp32_greedy_and_logprobs_match_pytorch(bundled_fp32, torch_model, prompts):
     params = SamplingParams(max_tokens=32, temperature=0, logprobs=True, top_logprobs=3)
-    async with OnnxEngine(bundled_fp32) as engine:
+    async with TokenGenerator(bundled_fp32) as engine:
         eos = engine.eos_token_ids[0]
         for prompt in prompts:
             steps, _ = await collect(engine, prompt, params)
@@ -50,7 +50,7 @@ def _agreement(a: list[list[int]], b: list[list[int]]) -> float:
 
 
 async def _alone_and_batched(prepared, prompts, **options):
-    async with OnnxEngine(prepared, **options) as engine:
+    async with TokenGenerator(prepared, **options) as engine:
         alone = [tokens((await collect(engine, p, GREEDY))[0]) for p in prompts]
         batched = await run_all(engine, prompts * 2, GREEDY)
         staggered = []

@@ -15,10 +15,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SETUP = """
 import asyncio, sys
 sys.path.insert(0, {root!r})
-from nbresponses.engine.engine import OnnxEngine
-from nbresponses.engine.types import SamplingParams
+from nbresponses.runtime.generator import TokenGenerator
+from nbresponses.tokens.contract import SamplingParams
 from nbresponses.models.prepared import PreparedModel
-engine = OnnxEngine(PreparedModel.open({model!r}))
+engine = TokenGenerator(PreparedModel.open({model!r}))
 got = []
 
 async def consume(i):

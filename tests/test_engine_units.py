@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nbresponses.engine import sampling
-from nbresponses.engine.kv import EndPaddedKV, KVLayout, SeparateKV
-from nbresponses.engine.prefix_cache import PrefixCache
-from nbresponses.engine.types import SamplingParams
+from nbresponses.runtime import sampling
+from nbresponses.runtime.kv import EndPaddedKV, KVLayout, SeparateKV
+from nbresponses.runtime.prefix_cache import PrefixCache
+from nbresponses.tokens.contract import SamplingParams
 
 
 def test_log_softmax_matches_torch():
@@ -122,7 +122,7 @@ def test_end_padded_kv_keeps_every_row_at_column_zero():
 
 
 def test_end_padded_kv_grows_past_its_headroom(monkeypatch):
-    from nbresponses.engine import kv as kv_module
+    from nbresponses.runtime import kv as kv_module
 
     monkeypatch.setattr(kv_module, "HEADROOM", 2)
     kv = EndPaddedKV(LAYOUT)
@@ -168,7 +168,7 @@ def test_separate_kv_runs_each_row_alone_unpadded():
 
 
 def test_prefill_runs_are_even():
-    from nbresponses.engine.scheduler import prefill_runs
+    from nbresponses.runtime.scheduler import prefill_runs
 
     assert prefill_runs(1, 512) == [2]  # one dummy token after the real one
     assert prefill_runs(2, 512) == [2]
@@ -187,7 +187,7 @@ def test_prefill_runs_are_even():
 def test_session_options_tuned_for_decode():
     import onnxruntime as ort
 
-    from nbresponses.engine.runner import session_options
+    from nbresponses.runtime.runner import session_options
 
     options = session_options(3)
     assert options.intra_op_num_threads == 3 and options.inter_op_num_threads == 1
@@ -199,8 +199,8 @@ def test_session_options_tuned_for_decode():
 def test_threads_are_capped_at_the_attention_heads(tmp_path):
     """More threads than heads lets ONNX Runtime split one row's keys across threads at
     batch 1 only (flash decoding): the engine never runs so."""
-    from nbresponses.engine.engine import exact_threads
     from nbresponses.models.prepared import PreparedModel
+    from nbresponses.runtime.generator import exact_threads
 
     (tmp_path / "config.json").write_text('{"num_attention_heads": 4}')
     prepared = PreparedModel(tmp_path, {})

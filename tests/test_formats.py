@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nbresponses.engine.types import SamplingParams
-from nbresponses.formats.chat import TemplateCapabilities, render, tool_schema
-from nbresponses.formats.detokenize import IncrementalDetokenizer, TokenBytes
-from nbresponses.formats.parser import Delta, End, Start, StreamParser
-from nbresponses.formats.scripted import Script, ScriptedTokenSource
+from nbresponses.families.chat.parser import Delta, End, Start, StreamParser
+from nbresponses.families.chat.template import TemplateCapabilities, render, tool_schema
+from nbresponses.families.text import IncrementalDetokenizer, TokenBytes
+from nbresponses.tokens.contract import SamplingParams
+from nbresponses.tokens.scripted import Script, ScriptedTokenSource
 
 SAMPLES = [
     "Hello, world!",

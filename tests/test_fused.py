@@ -11,11 +11,11 @@ import onnx
 import pytest
 from engine_helpers import PROMPTS, chat_ids, collect, run_all, tokens, torch_greedy
 
-from nbresponses.engine.engine import OnnxEngine
-from nbresponses.engine.types import SamplingParams
 from nbresponses.models.fidelity import FIDELITY_CONVERSATION, full_sequence_logits
 from nbresponses.models.fused import UnsupportedArchitecture, check_supported
 from nbresponses.models.prepare import prepare_model
+from nbresponses.runtime.generator import TokenGenerator
+from nbresponses.tokens.contract import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0)
 
@@ -95,7 +95,7 @@ def test_logits_of_the_last_positions_only_on_request(tiny_fused, tokenizer) -> 
 
 
 def test_the_engine_asks_for_the_last_position_only(tiny_fused, tiny_model) -> None:
-    from nbresponses.engine.runner import OnnxRunner
+    from nbresponses.runtime.runner import OnnxRunner
 
     assert OnnxRunner(tiny_fused.onnx_path).last_logits_only
     assert not OnnxRunner(tiny_model.onnx_path).last_logits_only  # the Optimum graph has no input
@@ -149,7 +149,7 @@ async def test_engine_greedy_matches_pytorch_batched_and_alone(tiny_fused, tiny_
     torch_tiny = AutoModelForCausalLM.from_pretrained(str(tiny_source)).eval()
     prompts = [chat_ids(tokenizer, text) for text in PROMPTS]
     expected = [torch_greedy(torch_tiny, p, 24, tokenizer.eos_token_id) for p in prompts]
-    async with OnnxEngine(tiny_fused, tokenizer=tokenizer) as engine:
+    async with TokenGenerator(tiny_fused, tokenizer=tokenizer) as engine:
         alone = [tokens((await collect(engine, p, GREEDY))[0]) for p in prompts]
         batched = await run_all(engine, prompts * 2, GREEDY)
     assert alone == expected
@@ -159,14 +159,14 @@ async def test_engine_greedy_matches_pytorch_batched_and_alone(tiny_fused, tiny_
 async def test_in_place_kv_joins_leaves_and_grows(tiny_fused, tiny_model, tokenizer, monkeypatch):
     """Rows join a running batch, leave it and outgrow the buffers' spare columns (headroom 3),
     and every row still decodes as it does alone on the Optimum graph (copying KV each step)."""
-    from nbresponses.engine import kv
+    from nbresponses.runtime import kv
 
     monkeypatch.setattr(kv, "HEADROOM", 3)
     prompts = [chat_ids(tokenizer, text) for text in PROMPTS]
     lengths = [SamplingParams(max_tokens=n, temperature=0) for n in (40, 5, 17, 2, 33, 9)]
 
     async def staggered(prepared):
-        async with OnnxEngine(prepared, tokenizer=tokenizer, prefix_cache_bytes=0) as engine:
+        async with TokenGenerator(prepared, tokenizer=tokenizer, prefix_cache_bytes=0) as engine:
             assert engine.runner.kv_in_place is (prepared is tiny_fused)
             tasks = []
             for prompt, params in zip(prompts, lengths, strict=True):
@@ -247,7 +247,7 @@ async def test_bundled_fused_fp32_batched_equals_alone(cache_dir, tokenizer) -> 
     fused = prepare_model(None, "fused-fp32", cache_dir=cache_dir, progress=False)
     prompts = [chat_ids(tokenizer, text) for text in PROMPTS]
     params = SamplingParams(max_tokens=32, temperature=0)
-    async with OnnxEngine(fused, prefix_cache_bytes=0) as engine:
+    async with TokenGenerator(fused, prefix_cache_bytes=0) as engine:
         alone = [tokens((await collect(engine, p, params))[0]) for p in prompts]
         batched = await run_all(engine, prompts * 2, params)
     assert batched == alone * 2

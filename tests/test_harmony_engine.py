@@ -14,9 +14,9 @@ import types
 
 import pytest
 
-from nbresponses.engine.engine import OnnxEngine
 from nbresponses.models.prepared import PreparedModel
-from nbresponses.responses.client import AsyncResponsesClient
+from nbresponses.runtime.generator import TokenGenerator
+from nbresponses.service.client import AsyncResponsesClient
 
 pytestmark = pytest.mark.slow
 
@@ -73,7 +73,7 @@ async def test_a_gpt_oss_export_runs_through_harmony(tiny_gpt_oss) -> None:
 
     assert tiny_gpt_oss.config["model_type"] == "gpt_oss"
     tokenizer = types.SimpleNamespace(eos_token_id=200002, bos_token_id=199998)
-    engine = OnnxEngine(tiny_gpt_oss, tokenizer=tokenizer, max_batch_size=4)
+    engine = TokenGenerator(tiny_gpt_oss, tokenizer=tokenizer, max_batch_size=4)
     try:
         client = AsyncResponsesClient(
             engine, tokenizer, model="tiny-gpt-oss", config=tiny_gpt_oss.config

@@ -10,8 +10,7 @@ from hypothesis import strategies as st
 from openai.types.responses import ResponseFunctionWebSearch
 from openai_harmony import HarmonyEncoding, Message, Role
 
-from nbresponses.engine.types import TokenLogprob
-from nbresponses.formats.harmony import (
+from nbresponses.families.harmony import (
     Event,
     HarmonyStreamParser,
     SegmentDelta,
@@ -20,6 +19,7 @@ from nbresponses.formats.harmony import (
     Stray,
     harmony_encoding,
 )
+from nbresponses.tokens.contract import TokenIdLogprob
 
 WEATHER_CALL = (
     "<|channel|>analysis<|message|>User wants weather.<|end|>"
@@ -43,7 +43,7 @@ def parse(
     parser = HarmonyStreamParser(enc)
     events: list[Event] = []
     for i, t in enumerate(ids):
-        events += parser.feed(t, TokenLogprob(t, -0.01 * i) if logprobs else None)
+        events += parser.feed(t, TokenIdLogprob(t, -0.01 * i) if logprobs else None)
     if finish:
         events += parser.finish()
     return events, parser

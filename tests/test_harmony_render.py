@@ -24,7 +24,7 @@ from openai_harmony import (
     ToolNamespaceConfig,
 )
 
-from nbresponses.formats.harmony import (
+from nbresponses.families.harmony import (
     continuation_ids,
     harmony_encoding,
     python_tool_description,

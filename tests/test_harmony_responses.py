@@ -28,16 +28,16 @@ from openai_harmony import (
 )
 from test_responses_helpers import check_stream, dumps, fold, strip_ids
 
-from nbresponses.formats.harmony import (
+from nbresponses.families.chat.family import ChatFamily
+from nbresponses.families.harmony import (
     continuation_ids,
     harmony_encoding,
     tool_result_message,
 )
-from nbresponses.formats.scripted import Script, ScriptedTokenSource
-from nbresponses.responses.chat_format import ChatFormat
-from nbresponses.responses.client import AsyncResponsesClient
-from nbresponses.responses.harmony_format import HarmonyFormat
-from nbresponses.responses.stream import ResponseEventStream
+from nbresponses.families.harmony.family import HarmonyFamily
+from nbresponses.service.client import AsyncResponsesClient
+from nbresponses.service.stream import ResponseEventStream
+from nbresponses.tokens.scripted import Script, ScriptedTokenSource
 from nbresponses.tools import BrowserResult
 
 GPT_OSS_EOS = (
@@ -184,7 +184,7 @@ async def test_analysis_call_then_output_and_final_through_a_chain(enc: HarmonyE
     client, source = make_client(
         enc, first_ids, generated(enc, answer), generated(enc, final("Sunny, too."))
     )
-    assert isinstance(client.format, HarmonyFormat)
+    assert isinstance(client.format, HarmonyFamily)
 
     events = await stream_events(client, input="Weather in Paris?", tools=[WEATHER])
     first = folds_to(events)
@@ -412,7 +412,7 @@ async def test_web_search_needs_a_backend_and_chat_models_refuse_built_ins(
         await client.responses.create(input="x", tools=[WEATHER], tool_choice="required")
     assert err.value.param == "tool_choice"
     chat = AsyncResponsesClient(ScriptedTokenSource([[1]]), tokenizer, model="smollm2")
-    assert isinstance(chat.format, ChatFormat)
+    assert isinstance(chat.format, ChatFamily)
     for kwargs, param in [
         ({"tools": [WEATHER, PYTHON]}, "tools[1]"),
         (
@@ -490,7 +490,7 @@ async def test_format_detection() -> None:
     with pytest.raises(ValueError, match="browser"):
         AsyncResponsesClient(source, object(), model="m", format="chat", browser=FakeBackend())
     explicit = AsyncResponsesClient(source, None, model="m", format="harmony")
-    assert isinstance(explicit.format, HarmonyFormat)
+    assert isinstance(explicit.format, HarmonyFamily)
 
 
 PIECES = [

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from nbresponses.formats.harmony import encoding as enc_mod
-from nbresponses.formats.harmony import vocab
-from nbresponses.formats.harmony.vocab import (
+from nbresponses.families.harmony import encoding as enc_mod
+from nbresponses.families.harmony import vocab
+from nbresponses.families.harmony.vocab import (
     ENV_VAR,
     VOCAB_NAME,
     VOCAB_SHA256,
@@ -87,7 +87,7 @@ def test_missing_quicktok_explains_both_ways_out(
 def test_locating_quicktok_data_imports_nothing() -> None:
     code = (
         "import sys\n"
-        "from nbresponses.formats.harmony.vocab import quicktok_vocab_path\n"
+        "from nbresponses.families.harmony.vocab import quicktok_vocab_path\n"
         "path = quicktok_vocab_path()\n"
         "assert path is not None and path.name == 'o200k.vocab' and path.is_file(), path\n"
         "assert 'quicktok' not in sys.modules\n"

@@ -10,9 +10,9 @@ import pytest
 from openai.types.responses import Response
 from test_responses_helpers import check_stream, dumps, fold, strip_ids
 
-from nbresponses.formats.scripted import Script, ScriptedTokenSource
-from nbresponses.responses.client import AsyncResponsesClient
-from nbresponses.responses.stream import ResponseEventStream
+from nbresponses.service.client import AsyncResponsesClient
+from nbresponses.service.stream import ResponseEventStream
+from nbresponses.tokens.scripted import Script, ScriptedTokenSource
 
 EOS = 2
 

@@ -8,7 +8,7 @@ import pytest
 from test_responses import client_for, prompt_text
 
 import nbresponses as nbr
-from nbresponses.responses.tools import function_tool
+from nbresponses.service.function_tools import function_tool
 
 
 def get_weather(city: str, unit: str = "celsius") -> dict:

@@ -18,8 +18,8 @@ from test_server_helpers import (
     tool_call,
 )
 
-from nbresponses.formats.scripted import Script
-from nbresponses.responses.client import AsyncResponsesClient
+from nbresponses.service.client import AsyncResponsesClient
+from nbresponses.tokens.scripted import Script
 
 KINDS = ["inprocess", "http"]
 ANSWER = "The capital of France is Paris."

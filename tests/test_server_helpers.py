@@ -13,11 +13,11 @@ from typing import Any
 import httpx2
 import openai
 
-from nbresponses.engine.types import GenerationStats, SamplingParams, Step
-from nbresponses.formats.scripted import Script, ScriptedTokenSource
-from nbresponses.responses.client import AsyncResponsesClient
 from nbresponses.server.inprocess import openai_client
 from nbresponses.server.serve import make_server
+from nbresponses.service.client import AsyncResponsesClient
+from nbresponses.tokens.contract import GenerationStats, SamplingParams, Step
+from nbresponses.tokens.scripted import Script, ScriptedTokenSource
 
 EOS = 2
 MODEL = "smollm2"

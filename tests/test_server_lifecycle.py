@@ -19,10 +19,10 @@ LONG = " ".join(["word"] * 400)
 
 
 async def test_real_onnx_engine_through_the_in_process_sdk(tiny_model, tokenizer):
-    from nbresponses.engine.engine import OnnxEngine
-    from nbresponses.session import Engine
+    from nbresponses.engine import Engine
+    from nbresponses.runtime.generator import TokenGenerator
 
-    engine = Engine(OnnxEngine(tiny_model, tokenizer=tokenizer))
+    engine = Engine(TokenGenerator(tiny_model, tokenizer=tokenizer))
     try:
         sdk = engine.openai()
         kwargs = {"model": engine.model, "input": "Hello!", "max_output_tokens": 6}

@@ -49,8 +49,8 @@ SERVER = textwrap.dedent(
     """
     import asyncio, collections, gc, sys, threading, time
     from transformers import AutoTokenizer
-    from nbresponses.formats.scripted import Script, ScriptedTokenSource
-    from nbresponses.responses.client import AsyncResponsesClient
+    from nbresponses.tokens.scripted import Script, ScriptedTokenSource
+    from nbresponses.service.client import AsyncResponsesClient
     from nbresponses.server.serve import make_server
 
     tok = AutoTokenizer.from_pretrained(sys.argv[1])

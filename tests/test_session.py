@@ -7,7 +7,7 @@ from openai.types.responses import Response
 from test_responses_helpers import check_stream, fold
 
 import nbresponses as nbr
-from nbresponses.session import Engine
+from nbresponses.engine import Engine
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ import numpy as np
 from nbresponses.models.errors import RecipeError
 
 OPSET = 21
-KV_LAYOUT = "nbresponses.kv_layout"  # metadata read by nbresponses.engine.runner
+KV_LAYOUT = "nbresponses.kv_layout"  # metadata read by nbresponses.runtime.runner
 END_PADDED_IN_PLACE = "end-padded-in-place"  # rows padded at the end; past and present shared
 LOGITS_TO_KEEP = "num_logits_to_keep"  # optional input [1]: logits of the last N positions
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2")

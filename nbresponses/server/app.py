@@ -15,9 +15,9 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from nbresponses.responses.client import AsyncResponsesClient
 from nbresponses.server.errors import error_response
 from nbresponses.server.routes import DEFAULT_MAX_BODY_BYTES, ResponsesAPI
+from nbresponses.service.client import AsyncResponsesClient
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

@@ -24,10 +24,10 @@ import httpx2
 import openai
 from starlette.applications import Starlette
 
-from nbresponses.responses.client import AsyncResponsesClient
 from nbresponses.server.app import create_app
 from nbresponses.server.loops import LoopThread
 from nbresponses.server.transport import ASGIStreamTransport, SyncASGIStreamTransport
+from nbresponses.service.client import AsyncResponsesClient
 
 BASE_URL = "http://nbresponses.local/v1"
 _lock = threading.Lock()

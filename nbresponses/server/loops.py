@@ -18,8 +18,8 @@ import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-from nbresponses.responses.run import ResponseRun
 from nbresponses.server.errors import HTTPError
+from nbresponses.service.run import ResponseRun
 
 T = TypeVar("T")
 

@@ -22,11 +22,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route, Router
 
-from nbresponses.responses.client import AsyncResponsesClient
-from nbresponses.responses.stream import ResponseEventStream
 from nbresponses.server.errors import HTTPError, from_exception
 from nbresponses.server.loops import BLOCKED, foreign, iterate_on, on_loop
 from nbresponses.server.sse import EventStreamResponse
+from nbresponses.service.client import AsyncResponsesClient
+from nbresponses.service.stream import ResponseEventStream
 
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20
 # SDK keywords that shape the HTTP call itself: never valid inside a JSON body.

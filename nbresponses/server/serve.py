@@ -17,9 +17,9 @@ from typing import Any
 
 import uvicorn
 
-from nbresponses.responses.client import AsyncResponsesClient
 from nbresponses.server.app import create_app
 from nbresponses.server.routes import DEFAULT_MAX_BODY_BYTES, ResponsesAPI
+from nbresponses.service.client import AsyncResponsesClient
 
 
 class Server(uvicorn.Server):
@@ -77,7 +77,7 @@ async def serve_async(
     **server_options: Any,
 ) -> None:
     """Load the engine, serve it until interrupted, then close the engine."""
-    from nbresponses.session import Engine
+    from nbresponses.engine import Engine
 
     engine = await Engine.load(model, quantization, cache_dir=cache_dir)
     try:

@@ -1,0 +1,176 @@
+"""Chat-template models: render with the tokenizer's template, read ``<think>`` and Hermes calls.
+
+Generated ids are detokenized incrementally and parsed as text (``formats.parser``); each parser
+event carries the text position it accounts for, which is how each token (and its logprob) is
+attributed to the segment where it begins. Built-in tools and their items need a gpt-oss model
+and are refused here with a 400.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+from openai.types.responses import FunctionTool
+
+from nbresponses.families.base import RenderedPrompt
+from nbresponses.families.chat.messages import to_chat
+from nbresponses.families.chat.parser import Delta, End, Event, Start, StreamParser
+from nbresponses.families.chat.template import TemplateCapabilities, render, tool_schema
+from nbresponses.families.text import IncrementalDetokenizer, TokenBytes
+from nbresponses.protocol.errors import bad_request, unsupported
+from nbresponses.protocol.events import EventBuilder, TokenLogprob
+from nbresponses.protocol.items import BUILTIN_ITEMS
+from nbresponses.protocol.request import CreateRequest
+from nbresponses.tokens.contract import TokenIdLogprob
+
+HARMONY_ONLY = "needs a gpt-oss (harmony) model; this model uses a chat template"
+
+
+class ChatFamily:
+    """The format of models with a Hugging Face chat template."""
+
+    name = "chat"
+
+    def __init__(self, tokenizer: Any, *, eos_token_ids: Sequence[int]) -> None:
+        self.tokenizer = tokenizer
+        self.caps = TemplateCapabilities.of(tokenizer)
+        self._bytes = TokenBytes(tokenizer)
+        self._eos = tuple(eos_token_ids)
+
+    def check(self, req: CreateRequest, history: Sequence[Any]) -> None:
+        for i, tool in enumerate(req.all_tools):
+            if not isinstance(tool, FunctionTool):
+                raise unsupported(f"tools[{i}]", f"tool type {tool.type!r} {HARMONY_ONLY}.")
+        for i, item in enumerate(req.input):
+            if item.type in BUILTIN_ITEMS:
+                raise bad_request(
+                    f"A {item.type} item at 'input[{i}]' {HARMONY_ONLY}.", param=f"input[{i}]"
+                )
+        if req.max_tool_calls is not None:
+            raise unsupported(
+                "max_tool_calls", f"it counts built-in tool calls, which {HARMONY_ONLY}."
+            )
+        if req.reasoning is not None and req.reasoning.effort is not None and not self.caps.effort:
+            raise unsupported(
+                "reasoning.effort", "this model's chat template has no reasoning switch."
+            )
+
+    def render(self, req: CreateRequest, history: Sequence[Any]) -> RenderedPrompt:
+        tools = [tool_schema(t.name, t.description, t.parameters) for t in req.tools]
+        prompt = render(
+            self.tokenizer,
+            to_chat(history, req.instructions),
+            tools=tools,
+            tool_mode=req.tool_mode,  # type: ignore[arg-type]
+            forced_tool=req.forced_tool,
+            reasoning_effort=req.reasoning.effort if req.reasoning else None,
+        )
+        calls = bool(tools) and req.tool_mode != "none"
+
+        def decoder(builder: EventBuilder) -> ChatDecoder:
+            return ChatDecoder(
+                builder,
+                self.tokenizer,
+                self._bytes,
+                self._eos,
+                tools=calls,
+                prefill=prompt.prefill,
+                parallel_tool_calls=req.parallel_tool_calls,
+            )
+
+        return RenderedPrompt(ids=prompt.ids, stop_token_ids=self._eos, decoder=decoder)
+
+
+class ChatDecoder:
+    """Detokenizer + text parser → builder calls, with exact token attribution."""
+
+    def __init__(
+        self,
+        builder: EventBuilder,
+        tokenizer: Any,
+        token_bytes: TokenBytes,
+        eos: Sequence[int],
+        *,
+        tools: bool,
+        prefill: str,
+        parallel_tool_calls: bool,
+    ) -> None:
+        self._b = builder
+        self._bytes = token_bytes
+        self._eos = set(eos)
+        self._detok = IncrementalDetokenizer(tokenizer)
+        self._parser = StreamParser(tools=tools, prefill=prefill)
+        self._parallel = parallel_tool_calls
+        self._pending: deque[tuple[int, TokenLogprob | None]] = deque()  # (text start, logprob)
+        self._carry: list[TokenLogprob] = []  # text logprobs waiting for the next text delta
+        self._calls = 0
+        self._cut = False
+        self.reasoning_tokens = 0
+        self.replay: dict[str, Any] = {}
+
+    def feed(self, token_id: int, logprob: TokenIdLogprob | None) -> None:
+        if token_id in self._eos:
+            return  # counted in usage, never shown
+        lp = TokenLogprob.from_engine(logprob, self._bytes) if logprob is not None else None
+        self._pending.append((len(self._detok.text), lp))
+        text = self._detok.push(token_id)
+        if text:
+            self._handle(self._parser.feed(text))
+
+    @property
+    def stop(self) -> bool:
+        return bool(self._calls) and not self._parallel
+
+    async def follow_up(self) -> list[int] | None:
+        return None  # function calls end the response; the caller answers them
+
+    def finish(self, cut: bool) -> None:
+        tail = self._detok.flush()
+        events = self._parser.feed(tail) if tail else []
+        events += self._parser.finish()
+        self._cut = cut  # what is still open was cut off
+        self._handle(events)
+        self._take(1 << 62)
+
+    async def aclose(self) -> None:
+        return None
+
+    def _take(self, end: int) -> list[TokenLogprob | None]:
+        taken = []
+        while self._pending and self._pending[0][0] < end:
+            taken.append(self._pending.popleft()[1])
+        return taken
+
+    def _handle(self, events: list[Event]) -> None:
+        b = self._b
+        for ev in events:
+            taken = self._take(ev.end)
+            if ev.kind == "reasoning":
+                self.reasoning_tokens += len(taken)
+            elif ev.kind == "text" and isinstance(ev, Delta):
+                # tokens before a text Start were trimmed whitespace: not part of the text
+                self._carry.extend(lp for lp in taken if lp is not None)
+            if isinstance(ev, Start):
+                if ev.kind == "text":
+                    b.open_message()
+                elif ev.kind == "reasoning":
+                    b.open_reasoning()
+                else:
+                    b.open_call(ev.name)
+            elif isinstance(ev, Delta):
+                if ev.kind == "text":
+                    b.text_delta(ev.text, self._carry[:])
+                    self._carry.clear()
+                elif ev.kind == "reasoning":
+                    b.reasoning_delta(ev.text)
+                else:
+                    b.arguments_delta(ev.text)
+            elif isinstance(ev, End):
+                if ev.kind == "tool_call":
+                    b.close_call(ev.arguments, "completed" if ev.valid else "incomplete")
+                    self._calls += 1
+                else:
+                    b.close("incomplete" if self._cut else "completed")
+                self._carry.clear()

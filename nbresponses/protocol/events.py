@@ -1,0 +1,449 @@
+"""The event builder: typed deltas in, ``ResponseStreamEvent``s out, with a live Response.
+
+It owns the bookkeeping the protocol demands: one output item open at a time, ``output_index``
+and ``content_index`` that follow the items, ``sequence_number`` from 0 strictly increasing,
+and added/done pairs that nest (item > content part > deltas). Every event carries copies, so
+what a consumer holds never changes under it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from openai.types.responses import (
+    Response,
+    ResponseCodeInterpreterCallCodeDeltaEvent,
+    ResponseCodeInterpreterCallCodeDoneEvent,
+    ResponseCodeInterpreterCallCompletedEvent,
+    ResponseCodeInterpreterCallInProgressEvent,
+    ResponseCodeInterpreterCallInterpretingEvent,
+    ResponseCodeInterpreterToolCall,
+    ResponseCompletedEvent,
+    ResponseContentPartAddedEvent,
+    ResponseContentPartDoneEvent,
+    ResponseCreatedEvent,
+    ResponseError,
+    ResponseErrorEvent,
+    ResponseFailedEvent,
+    ResponseFunctionCallArgumentsDeltaEvent,
+    ResponseFunctionCallArgumentsDoneEvent,
+    ResponseFunctionToolCall,
+    ResponseFunctionWebSearch,
+    ResponseIncompleteEvent,
+    ResponseInProgressEvent,
+    ResponseOutputItemAddedEvent,
+    ResponseOutputItemDoneEvent,
+    ResponseOutputMessage,
+    ResponseOutputText,
+    ResponseQueuedEvent,
+    ResponseReasoningItem,
+    ResponseReasoningTextDeltaEvent,
+    ResponseReasoningTextDoneEvent,
+    ResponseStreamEvent,
+    ResponseTextDeltaEvent,
+    ResponseTextDoneEvent,
+    ResponseUsage,
+    ResponseWebSearchCallCompletedEvent,
+    ResponseWebSearchCallInProgressEvent,
+    ResponseWebSearchCallSearchingEvent,
+)
+from openai.types.responses import response_content_part_added_event as part_added
+from openai.types.responses import response_content_part_done_event as part_done
+from openai.types.responses import response_output_text as output_text
+from openai.types.responses import response_text_delta_event as text_delta
+from openai.types.responses import response_text_done_event as text_done
+from openai.types.responses.response import IncompleteDetails
+from openai.types.responses.response_reasoning_item import Content
+
+from nbresponses.protocol.ids import new_id
+from nbresponses.tokens.contract import TokenIdLogprob
+
+ItemStatus = Literal["completed", "incomplete"]
+ToolStatus = Literal["completed", "incomplete", "failed"]
+Phase = Literal["commentary", "final_answer"]
+Terminal = Literal["completed", "incomplete", "failed", "cancelled"]
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token's logprob in protocol terms (display string, bytes, alternatives)."""
+
+    token: str
+    bytes: list[int]
+    logprob: float
+    top: list[tuple[str, list[int], float]]
+
+    @classmethod
+    def from_engine(cls, lp: TokenIdLogprob, token_bytes: Any) -> TokenLogprob:
+        """From the engine's ids; ``token_bytes.get(id)`` gives (display string, bytes)."""
+        token, raw = token_bytes.get(lp.token_id)
+        top = [(*token_bytes.get(t), v) for t, v in lp.top]
+        return cls(token=token, bytes=raw, logprob=float(lp.logprob), top=top)
+
+    def for_output(self) -> output_text.Logprob:
+        tops = [output_text.LogprobTopLogprob(token=t, bytes=b, logprob=v) for t, b, v in self.top]
+        return output_text.Logprob(
+            token=self.token, bytes=self.bytes, logprob=self.logprob, top_logprobs=tops
+        )
+
+    def for_delta(self) -> text_delta.Logprob:
+        tops = [text_delta.LogprobTopLogprob(token=t, logprob=v) for t, _, v in self.top]
+        return text_delta.Logprob(token=self.token, logprob=self.logprob, top_logprobs=tops)
+
+    def for_done(self) -> text_done.Logprob:
+        tops = [text_done.LogprobTopLogprob(token=t, logprob=v) for t, _, v in self.top]
+        return text_done.Logprob(token=self.token, logprob=self.logprob, top_logprobs=tops)
+
+
+class EventBuilder:
+    """Builds one response's events; ``emit`` receives each event as it is made."""
+
+    def __init__(self, response: Response, emit: Callable[[ResponseStreamEvent], None]) -> None:
+        self.response = response
+        self._emit = emit
+        self._seq = 0
+        self._item: Any = None  # the open output item
+        self._text = ""
+        self._logprobs: list[TokenLogprob] = []
+        self._code_done = False  # the open code interpreter call's code.done went out
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def _send(self, cls: type, **fields: Any) -> None:
+        event = cls(sequence_number=self._seq, **fields)
+        self._seq += 1
+        self._emit(event)
+
+    def _snapshot(self) -> Response:
+        return self.response.model_copy(deep=True)
+
+    @property
+    def _index(self) -> int:
+        return len(self.response.output) - 1
+
+    def _add(self, item: Any) -> None:
+        self.response.output.append(item)
+        self._item = item
+        self._text = ""
+        self._logprobs = []
+        self._code_done = False
+        self._send(
+            ResponseOutputItemAddedEvent,
+            type="response.output_item.added",
+            output_index=self._index,
+            item=item.model_copy(deep=True),
+        )
+
+    def _item_done(self) -> None:
+        self._send(
+            ResponseOutputItemDoneEvent,
+            type="response.output_item.done",
+            output_index=self._index,
+            item=self._item.model_copy(deep=True),
+        )
+        self._item = None
+
+    @property
+    def open_kind(self) -> str | None:
+        return None if self._item is None else self._item.type
+
+    @property
+    def current(self) -> Any:
+        """The open output item (the live object in ``response.output``), or None."""
+        return self._item
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def created(self) -> None:
+        self._send(ResponseCreatedEvent, type="response.created", response=self._snapshot())
+
+    def queued(self) -> None:
+        self.response.status = "queued"
+        self._send(ResponseQueuedEvent, type="response.queued", response=self._snapshot())
+
+    def in_progress(self) -> None:
+        self.response.status = "in_progress"
+        self._send(ResponseInProgressEvent, type="response.in_progress", response=self._snapshot())
+
+    def finish(
+        self,
+        status: Terminal,
+        usage: ResponseUsage | None,
+        *,
+        error: str | None = None,
+        incomplete_reason: str | None = None,
+    ) -> None:
+        """Close what is open and emit the terminal event (none for cancelled: OpenAI has none)."""
+        self.close(status="completed" if status == "completed" else "incomplete")
+        r = self.response
+        r.status = status
+        r.usage = usage
+        if status == "completed":
+            r.completed_at = time.time()
+            self._send(ResponseCompletedEvent, type="response.completed", response=self._snapshot())
+        elif status == "incomplete":
+            r.incomplete_details = IncompleteDetails(reason=incomplete_reason)  # type: ignore[arg-type]
+            self._send(
+                ResponseIncompleteEvent, type="response.incomplete", response=self._snapshot()
+            )
+        elif status == "failed":
+            message = error or "The engine failed."
+            r.error = ResponseError(code="server_error", message=message)
+            self._send(
+                ResponseErrorEvent, type="error", code="server_error", message=message, param=None
+            )
+            self._send(ResponseFailedEvent, type="response.failed", response=self._snapshot())
+
+    # -- items ----------------------------------------------------------------------------
+
+    def close(self, status: ItemStatus = "completed") -> None:
+        """Finish the open item (if any) with the given status."""
+        if self._item is None:
+            return
+        kind = self._item.type
+        if kind == "message":
+            self._close_message(status)
+        elif kind == "reasoning":
+            self._close_reasoning(status)
+        elif kind == "code_interpreter_call":
+            self.close_code(status)
+        elif kind == "web_search_call":
+            self.close_web_search(None, status)
+        else:
+            self.close_call(self._item.arguments, status)
+
+    def open_message(self, phase: Phase | None = None) -> None:
+        """A new assistant message; ``phase`` labels harmony's commentary vs final answers."""
+        self.close()
+        message = ResponseOutputMessage(
+            type="message", id=new_id("msg"), role="assistant", status="in_progress", content=[]
+        )
+        if phase is not None:
+            message.phase = phase
+        self._add(message)
+        part = ResponseOutputText(type="output_text", text="", annotations=[], logprobs=[])
+        self._item.content.append(part)
+        self._part_event(ResponseContentPartAddedEvent, "response.content_part.added", part)
+
+    def _part_event(self, cls: type, kind: str, part: Any) -> None:
+        self._send(
+            cls,
+            type=kind,
+            item_id=self._item.id,
+            output_index=self._index,
+            content_index=0,
+            part=part.model_copy(deep=True),
+        )
+
+    def text_delta(self, text: str, logprobs: list[TokenLogprob]) -> None:
+        part = self._item.content[0]
+        part.text += text
+        part.logprobs = [*(part.logprobs or []), *(lp.for_output() for lp in logprobs)]
+        self._logprobs.extend(logprobs)
+        self._send(
+            ResponseTextDeltaEvent,
+            type="response.output_text.delta",
+            item_id=self._item.id,
+            output_index=self._index,
+            content_index=0,
+            delta=text,
+            logprobs=[lp.for_delta() for lp in logprobs],
+        )
+
+    def _close_message(self, status: ItemStatus) -> None:
+        part = self._item.content[0]
+        self._send(
+            ResponseTextDoneEvent,
+            type="response.output_text.done",
+            item_id=self._item.id,
+            output_index=self._index,
+            content_index=0,
+            text=part.text,
+            logprobs=[lp.for_done() for lp in self._logprobs],
+        )
+        self._part_event(ResponseContentPartDoneEvent, "response.content_part.done", part)
+        self._item.status = status
+        self._item_done()
+
+    def open_reasoning(self) -> None:
+        self.close()
+        self._add(
+            ResponseReasoningItem(
+                type="reasoning", id=new_id("rs"), summary=[], content=[], status="in_progress"
+            )
+        )
+        self._part_event(
+            ResponseContentPartAddedEvent,
+            "response.content_part.added",
+            part_added.PartReasoningText(type="reasoning_text", text=""),
+        )
+
+    def reasoning_delta(self, text: str) -> None:
+        self._text += text
+        self._send(
+            ResponseReasoningTextDeltaEvent,
+            type="response.reasoning_text.delta",
+            item_id=self._item.id,
+            output_index=self._index,
+            content_index=0,
+            delta=text,
+        )
+
+    def _close_reasoning(self, status: ItemStatus) -> None:
+        self._send(
+            ResponseReasoningTextDoneEvent,
+            type="response.reasoning_text.done",
+            item_id=self._item.id,
+            output_index=self._index,
+            content_index=0,
+            text=self._text,
+        )
+        self._part_event(
+            ResponseContentPartDoneEvent,
+            "response.content_part.done",
+            part_done.PartReasoningText(type="reasoning_text", text=self._text),
+        )
+        self._item.content = [Content(type="reasoning_text", text=self._text)]
+        self._item.status = status
+        self._item_done()
+
+    def open_call(self, name: str) -> None:
+        self.close()
+        self._add(
+            ResponseFunctionToolCall(
+                type="function_call",
+                id=new_id("fc"),
+                call_id=new_id("call"),
+                name=name,
+                arguments="",
+                status="in_progress",
+            )
+        )
+
+    def arguments_delta(self, text: str) -> None:
+        self._item.arguments += text
+        self._send(
+            ResponseFunctionCallArgumentsDeltaEvent,
+            type="response.function_call_arguments.delta",
+            item_id=self._item.id,
+            output_index=self._index,
+            delta=text,
+        )
+
+    def close_call(self, arguments: str, status: ItemStatus) -> None:
+        self._item.arguments = arguments
+        self._send(
+            ResponseFunctionCallArgumentsDoneEvent,
+            type="response.function_call_arguments.done",
+            item_id=self._item.id,
+            output_index=self._index,
+            arguments=arguments,
+        )
+        self._item.status = status
+        self._item_done()
+
+    # -- built-in tools (gpt-oss) --------------------------------------------------------
+
+    def _tool_event(self, cls: type, kind: str) -> None:
+        self._send(cls, type=kind, item_id=self._item.id, output_index=self._index)
+
+    def open_code(self, container_id: str) -> None:
+        """A code interpreter call whose code is about to stream."""
+        self.close()
+        self._add(
+            ResponseCodeInterpreterToolCall(
+                type="code_interpreter_call",
+                id=new_id("ci"),
+                code="",
+                container_id=container_id,
+                outputs=None,
+                status="in_progress",
+            )
+        )
+        self._tool_event(
+            ResponseCodeInterpreterCallInProgressEvent, "response.code_interpreter_call.in_progress"
+        )
+
+    def code_delta(self, text: str) -> None:
+        self._item.code += text
+        self._send(
+            ResponseCodeInterpreterCallCodeDeltaEvent,
+            type="response.code_interpreter_call_code.delta",
+            item_id=self._item.id,
+            output_index=self._index,
+            delta=text,
+        )
+
+    def code_done(self) -> None:
+        """The code is complete (the item stays open until it has run, or is given up)."""
+        if self._code_done:
+            return
+        self._code_done = True
+        self._send(
+            ResponseCodeInterpreterCallCodeDoneEvent,
+            type="response.code_interpreter_call_code.done",
+            item_id=self._item.id,
+            output_index=self._index,
+            code=self._item.code,
+        )
+
+    def code_interpreting(self) -> None:
+        self.code_done()
+        self._item.status = "interpreting"
+        self._tool_event(
+            ResponseCodeInterpreterCallInterpretingEvent,
+            "response.code_interpreter_call.interpreting",
+        )
+
+    def close_code(self, status: ToolStatus, outputs: list[dict[str, Any]] | None = None) -> None:
+        """Finish the code interpreter call: "completed" when it ran, else never run."""
+        self.code_done()
+        if status == "completed":
+            if outputs is not None:
+                self._item.outputs = ResponseCodeInterpreterToolCall.model_validate(
+                    {**self._item.model_dump(), "outputs": outputs}
+                ).outputs
+            self._tool_event(
+                ResponseCodeInterpreterCallCompletedEvent,
+                "response.code_interpreter_call.completed",
+            )
+        self._item.status = status
+        self._item_done()
+
+    def open_web_search(self, action: dict[str, Any]) -> None:
+        """A browser call (its arguments are complete: harmony streams none of them)."""
+        self.close()
+        self._add(
+            ResponseFunctionWebSearch.model_validate(
+                {
+                    "type": "web_search_call",
+                    "id": new_id("ws"),
+                    "status": "in_progress",
+                    "action": action,
+                }
+            )
+        )
+        self._tool_event(
+            ResponseWebSearchCallInProgressEvent, "response.web_search_call.in_progress"
+        )
+
+    def web_searching(self) -> None:
+        """The backend is being asked."""
+        self._item.status = "searching"
+        self._tool_event(ResponseWebSearchCallSearchingEvent, "response.web_search_call.searching")
+
+    def close_web_search(self, action: dict[str, Any] | None, status: ToolStatus) -> None:
+        """Finish the browser call; ``action`` (with the URL filled in) replaces the first one."""
+        if action is not None:
+            self._item.action = ResponseFunctionWebSearch.model_validate(
+                {**self._item.model_dump(), "action": action}
+            ).action
+        if status == "completed":
+            self._tool_event(
+                ResponseWebSearchCallCompletedEvent, "response.web_search_call.completed"
+            )
+        self._item.status = status
+        self._item_done()

@@ -1,0 +1,318 @@
+"""Validation of ``responses.create`` parameters into a ``CreateRequest``.
+
+Every keyword the openai SDK's ``create`` accepts is either supported here or rejected with a
+400 naming it: nothing is silently ignored. Transport knobs: ``extra_body`` is merged into the
+parameters exactly as the SDK merges it into the JSON body (so its keys are validated like
+any other); ``extra_headers``, ``extra_query`` and ``timeout`` shape an HTTP request, and there
+is none in process, so they are accepted and have no effect.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import openai
+from openai.resources.responses import AsyncResponses
+from openai.types.responses import FunctionTool, Tool
+from openai.types.shared import Reasoning
+from pydantic import TypeAdapter, ValidationError
+
+from nbresponses.protocol.errors import bad_request, not_found, unsupported
+from nbresponses.protocol.items import InputItem, normalize_input
+
+TRANSPORT = ("extra_headers", "extra_query", "timeout")
+SDK_PARAMETERS = frozenset(inspect.signature(AsyncResponses.create).parameters) - {"self"}
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+OUTPUTS_INCLUDE = "code_interpreter_call.outputs"
+INCLUDABLE = (LOGPROBS_INCLUDE, OUTPUTS_INCLUDE)
+CODE_INTERPRETER = ("code_interpreter",)
+WEB_SEARCH = (
+    "web_search", "web_search_2025_08_26", "web_search_preview", "web_search_preview_2025_03_11"
+)  # fmt: skip
+TOOL = TypeAdapter(Tool)
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+
+# Accepted because they are labels echoed on the Response, with no behaviour to honour.
+ECHOED = ("user", "safety_identifier", "prompt_cache_key")
+# In the SDK, not supported by a local chat-template engine.
+REJECTED = frozenset(
+    {
+        "access_programs", "background_options", "context_management", "conversation", "image",
+        "moderation", "prompt", "prompt_cache_options",
+        "prompt_cache_retention", "service_tier", "verbosity",
+    }
+)  # fmt: skip
+
+
+@dataclass
+class CreateRequest:
+    """A validated create call, normalized."""
+
+    input: list[InputItem]
+    model: str
+    instructions: str | None = None
+    stream: bool = False
+    background: bool = False
+    store: bool = True
+    previous_response_id: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_logprobs: int = 0
+    logprobs: bool = False
+    include: list[str] = field(default_factory=list)
+    tools: list[FunctionTool] = field(default_factory=list)
+    builtin_tools: list[Tool] = field(default_factory=list)  # code_interpreter, web_search
+    all_tools: list[Tool] = field(default_factory=list)  # as given, for the Response
+    max_tool_calls: int | None = None
+    tool_choice: Any = "auto"
+    tool_mode: str = "auto"  # none / auto / required
+    forced_tool: str | None = None
+    parallel_tool_calls: bool = True
+    metadata: dict[str, str] | None = None
+    reasoning: Reasoning | None = None
+    echoed: dict[str, str] = field(default_factory=dict)
+
+
+def given(value: Any) -> bool:
+    """False for None and the SDK's NOT_GIVEN / omit sentinels."""
+    return value is not None and not isinstance(value, openai.NotGiven | openai.Omit)
+
+
+def parse_create(kwargs: Mapping[str, Any], *, model: str) -> CreateRequest:
+    """Validate ``create`` keywords (SDK names) against what the engine can honour."""
+    params = {k: v for k, v in kwargs.items() if k not in TRANSPORT and k != "extra_body"}
+    extra = kwargs.get("extra_body")
+    if given(extra):
+        if not isinstance(extra, Mapping):
+            raise bad_request("'extra_body' must be a mapping.", param="extra_body")
+        params.update(extra)
+    params = {k: v for k, v in params.items() if given(v)}
+    for key in params:
+        if key not in SDK_PARAMETERS and key != "verbosity":
+            raise bad_request(f"Unknown parameter: '{key}'.", param=key, code="unknown_parameter")
+        if key in REJECTED:
+            raise unsupported(key)
+    if "model" in params and params["model"] != model:
+        raise not_found(
+            f"The model '{params['model']}' does not exist here; this client serves '{model}'.",
+            param="model",
+            code="model_not_found",
+        )
+    if "input" not in params:
+        raise bad_request("Missing required parameter: 'input'.", param="input")
+    req = CreateRequest(input=normalize_input(params["input"]), model=model)
+    req.instructions = _opt_str(params, "instructions")
+    req.stream = _bool(params, "stream", False)
+    req.background = _bool(params, "background", False)
+    req.store = _bool(params, "store", True)
+    if req.background and not req.store:
+        raise bad_request("Background responses must be stored: set store=True.", param="store")
+    req.previous_response_id = _opt_str(params, "previous_response_id")
+    req.max_output_tokens = _int(params, "max_output_tokens", 1, None)
+    req.temperature = _number(params, "temperature", 0.0, 2.0, 1.0)
+    req.top_p = _number(params, "top_p", 0.0, 1.0, 1.0)
+    req.top_logprobs = _int(params, "top_logprobs", 0, 20) or 0
+    req.include = _include(params.get("include", []))
+    # top_logprobs > 0 asks for alternatives, which only make sense with the logprobs.
+    req.logprobs = LOGPROBS_INCLUDE in req.include or req.top_logprobs > 0
+    req.all_tools = _tools(params.get("tools", []))
+    req.tools = [t for t in req.all_tools if isinstance(t, FunctionTool)]
+    req.builtin_tools = [t for t in req.all_tools if not isinstance(t, FunctionTool)]
+    req.max_tool_calls = _int(params, "max_tool_calls", 1, None)
+    _tool_choice(req, params.get("tool_choice", "auto"))
+    req.parallel_tool_calls = _bool(params, "parallel_tool_calls", True)
+    req.metadata = _metadata(params.get("metadata"))
+    req.reasoning = _reasoning(params.get("reasoning"))
+    _text_config(params.get("text"))
+    _stream_options(params.get("stream_options"), req.stream)
+    if params.get("truncation", "disabled") != "disabled":
+        raise unsupported("truncation", "only 'disabled' (an over-long prompt is an error).")
+    req.echoed = {k: _opt_str(params, k) for k in ECHOED if k in params}  # type: ignore[misc]
+    return req
+
+
+def _opt_str(params: Mapping[str, Any], key: str) -> str | None:
+    value = params.get(key)
+    if value is not None and not isinstance(value, str):
+        raise bad_request(f"Invalid type for '{key}': expected a string.", param=key)
+    return value
+
+
+def _bool(params: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = params.get(key, default)
+    if not isinstance(value, bool):
+        raise bad_request(f"Invalid type for '{key}': expected a boolean.", param=key)
+    return value
+
+
+def _int(params: Mapping[str, Any], key: str, low: int, high: int | None) -> int | None:
+    value = params.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_request(f"Invalid type for '{key}': expected an integer.", param=key)
+    if value < low or (high is not None and value > high):
+        bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+        raise bad_request(
+            f"Invalid '{key}': {value}; it must be {bound}.", param=key, code="integer_out_of_range"
+        )
+    return value
+
+
+def _number(params: Mapping[str, Any], key: str, low: float, high: float, default: float) -> float:
+    value = params.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise bad_request(f"Invalid type for '{key}': expected a number.", param=key)
+    if not low <= value <= high:
+        raise bad_request(
+            f"Invalid '{key}': {value}; it must be between {low} and {high}.",
+            param=key,
+            code="decimal_out_of_range",
+        )
+    return float(value)
+
+
+def _include(value: Any) -> list[str]:
+    if not isinstance(value, list | tuple):
+        raise bad_request("'include' must be a list.", param="include")
+    for i, v in enumerate(value):
+        if v not in INCLUDABLE:
+            allowed = " and ".join(f"'{x}'" for x in INCLUDABLE)
+            raise unsupported(f"include[{i}]", f"{v!r} (only {allowed}).")
+    return list(value)
+
+
+def _tools(value: Any) -> list[Tool]:
+    """Function tools, plus the built-in tools gpt-oss knows (whether the model does is the
+    format's call: a chat-template model rejects them)."""
+    if not isinstance(value, list | tuple):
+        raise bad_request("'tools' must be a list.", param="tools")
+    tools: list[Tool] = []
+    for i, tool in enumerate(value):
+        param = getattr(tool, "param", None)  # a FunctionToolSpec from function_tool()
+        tool = param if isinstance(param, Mapping) else tool
+        tool = tool.model_dump(exclude_none=True) if hasattr(tool, "model_dump") else tool
+        kind = tool.get("type") if isinstance(tool, Mapping) else type(tool).__name__
+        if kind in CODE_INTERPRETER or kind in WEB_SEARCH:
+            tools.append(_builtin_tool(dict(tool), f"tools[{i}]"))  # type: ignore[arg-type]
+            continue
+        if not isinstance(tool, Mapping) or kind != "function":
+            raise unsupported(
+                f"tools[{i}]",
+                f"tool type {kind!r} (function tools; code_interpreter and web_search with "
+                "gpt-oss models).",
+            )
+        if not isinstance(tool.get("name"), str) or not tool["name"]:
+            raise bad_request(f"Missing 'tools[{i}].name'.", param=f"tools[{i}].name")
+        known = {"type", "name", "description", "parameters", "strict"}
+        for key in tool:
+            if key not in known and tool[key] is not None:
+                raise unsupported(f"tools[{i}].{key}")
+        tools.append(FunctionTool(**{k: tool[k] for k in known if k in tool}))
+    names = [t.name for t in tools if isinstance(t, FunctionTool)]
+    if len(set(names)) != len(names):
+        raise bad_request("Tool names must be unique.", param="tools")
+    kinds = [t.type for t in tools if not isinstance(t, FunctionTool)]
+    if len(set(kinds)) != len(kinds):
+        raise bad_request("Each built-in tool may be given once.", param="tools")
+    return tools
+
+
+def _builtin_tool(tool: dict[str, Any], where: str) -> Tool:
+    """A code_interpreter or web_search tool, with only the options a local run can honour."""
+    kind = tool["type"]
+    if kind in CODE_INTERPRETER:
+        container = tool.setdefault("container", {"type": "auto"})
+        if not isinstance(container, Mapping) or container.get("type") != "auto":
+            raise unsupported(
+                f"{where}.container",
+                "each response gets its own local python sandbox: use {'type': 'auto'}.",
+            )
+        for key in container:
+            if key not in ("type", "memory_limit") and container[key] is not None:
+                raise unsupported(f"{where}.container.{key}")
+    for key, v in tool.items():
+        if key not in ("type", "container") and v is not None:
+            raise unsupported(f"{where}.{key}")
+    try:
+        return TOOL.validate_python(tool)
+    except ValidationError as exc:
+        raise bad_request(f"Invalid '{where}': {exc}", param=where) from None
+
+
+def _tool_choice(req: CreateRequest, value: Any) -> None:
+    value = value.model_dump(exclude_none=True) if hasattr(value, "model_dump") else value
+    req.tool_choice = value
+    if value in ("none", "auto", "required"):
+        req.tool_mode = value
+        if value == "required" and not req.tools:
+            raise bad_request(
+                "tool_choice 'required' needs at least one tool.", param="tool_choice"
+            )
+        return
+    if isinstance(value, Mapping) and value.get("type") == "function":
+        name = value.get("name")
+        if name not in {t.name for t in req.tools}:
+            raise bad_request(
+                f"tool_choice names an unknown function {name!r}.", param="tool_choice"
+            )
+        req.tool_mode, req.forced_tool = "required", name
+        return
+    raise unsupported("tool_choice", f"{value!r} (use 'none', 'auto', 'required' or a function).")
+
+
+def _metadata(value: Any) -> dict[str, str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or len(value) > 16:
+        raise bad_request("'metadata' must be a mapping of at most 16 pairs.", param="metadata")
+    for k, v in value.items():
+        if not isinstance(k, str) or len(k) > 64 or not isinstance(v, str) or len(v) > 512:
+            raise bad_request(
+                "metadata keys are strings of at most 64 characters and values "
+                "strings of at most 512.",
+                param="metadata",
+            )
+    return dict(value)
+
+
+def _reasoning(value: Any) -> Reasoning | None:
+    if value is None:
+        return None
+    value = value.model_dump(exclude_none=True) if hasattr(value, "model_dump") else value
+    if not isinstance(value, Mapping):
+        raise bad_request("'reasoning' must be an object.", param="reasoning")
+    for key, v in value.items():
+        if key != "effort" and v is not None:
+            raise unsupported(f"reasoning.{key}", "reasoning comes back as full reasoning_text.")
+    effort = value.get("effort")
+    if effort is not None and effort not in EFFORTS:
+        raise bad_request(f"Invalid 'reasoning.effort': {effort!r}.", param="reasoning.effort")
+    return Reasoning(effort=effort)
+
+
+def _text_config(value: Any) -> None:
+    if value is None:
+        return
+    value = value.model_dump(exclude_none=True) if hasattr(value, "model_dump") else value
+    for key, v in dict(value).items():
+        if key == "format" and dict(v).get("type") == "text":
+            continue
+        if v is not None:
+            raise unsupported(
+                f"text.{key}", "only plain text output ({'format': {'type': 'text'}})."
+            )
+
+
+def _stream_options(value: Any, stream: bool) -> None:
+    if value is None:
+        return
+    if not stream:
+        raise bad_request("'stream_options' needs stream=True.", param="stream_options")
+    for key in dict(value):
+        if key != "include_obfuscation":  # we never add obfuscation padding: nothing to turn off
+            raise unsupported(f"stream_options.{key}")

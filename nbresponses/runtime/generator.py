@@ -1,0 +1,320 @@
+"""The token generator: an ONNX Runtime causal LM behind the ``TokenSource`` contract.
+
+``await TokenGenerator.load()`` prepares (or finds cached) and loads a model; ``generate()``
+returns an async stream of ``Step``s for one request. Requests run concurrently in one
+continuously batched decode loop on a worker thread (see ``scheduler.py``); consumers only ever
+await.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import warnings
+import weakref
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+from nbresponses.models.cpu import physical_cores
+from nbresponses.models.prepared import PreparedModel
+from nbresponses.runtime import sampling
+from nbresponses.runtime.prefix_cache import PrefixCache
+from nbresponses.runtime.runner import OnnxRunner
+from nbresponses.runtime.scheduler import Request, Scheduler
+from nbresponses.tokens.contract import GenerationStats, SamplingParams, Step
+
+DEFAULT_KV_BUDGET = 4 << 30  # bytes of running-batch KV (left padding included)
+DEFAULT_PREFIX_CACHE = 512 << 20  # bytes of finished requests' KV kept for reuse
+
+
+class _Mailbox:
+    """Hands steps from the worker thread to one event loop, one wake-up per batch of steps.
+
+    ``call_soon_threadsafe`` per step wakes the loop (a syscall and a loop iteration) once per
+    row per decode step; at 16 rows that is 16 wake-ups competing with ONNX Runtime for two
+    cores. Steps posted while a drain is pending ride along with it.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = weakref.ref(loop)  # weak: the engine keys its mailboxes by loop, weakly
+        self._lock = threading.Lock()
+        self._items: deque[tuple[asyncio.Queue[Step], Step]] = deque()
+        self._scheduled = False
+
+    def post(self, queue: asyncio.Queue[Step], step: Step) -> None:
+        """Raises RuntimeError when the loop is closed (the scheduler then cancels the row)."""
+        loop = self._loop()
+        if loop is None or loop.is_closed():
+            raise RuntimeError("the consumer's event loop is closed")
+        with self._lock:
+            self._items.append((queue, step))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        try:
+            loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:
+            with self._lock:
+                self._scheduled = False
+            raise
+
+    def _drain(self) -> None:
+        with self._lock:
+            items, self._items = self._items, deque()
+            self._scheduled = False
+        for queue, step in items:
+            queue.put_nowait(step)
+
+
+class GenerationStream:
+    """One request's steps, as an async iterator. Cancelling its consumer frees the batch row.
+
+    ``cancel()`` (or ``engine.cancel(stream)``) ends it with a final ``finish_reason="cancelled"``
+    step; ``request_id`` identifies it in logs.
+    """
+
+    def __init__(
+        self, engine: TokenGenerator, request: Request, queue: asyncio.Queue[Step]
+    ) -> None:
+        self._engine = engine
+        self._request = request
+        self._queue = queue
+        self._finished = False
+
+    @property
+    def request_id(self) -> int:
+        return self._request.id
+
+    @property
+    def stats(self) -> GenerationStats:
+        return self._request.stats
+
+    def __aiter__(self) -> GenerationStream:
+        return self
+
+    async def __anext__(self) -> Step:
+        if self._finished:
+            raise StopAsyncIteration
+        try:
+            step = await self._queue.get()
+        except asyncio.CancelledError:
+            self.cancel()
+            raise
+        if step.finish_reason is not None:
+            self._finished = True
+        return step
+
+    def cancel(self) -> None:
+        if not self._request.done:
+            self._engine._scheduler.cancel(self._request)
+
+    async def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until no request runs or waits and the prefix cache holds every finished
+        answer (re-computed while idle, so a follow-up turn reuses it). False on timeout."""
+        return await asyncio.to_thread(self._scheduler.wait_idle, timeout)
+
+    async def aclose(self) -> None:
+        """Stop early (what ``async with contextlib.aclosing(stream)`` calls)."""
+        if not self._finished:
+            self._finished = True
+            self.cancel()
+
+    def __del__(self) -> None:  # dropped unfinished (a ``break`` in ``async for``): free the row
+        request = getattr(self, "_request", None)
+        if request is not None and not request.done:
+            request.cancelled = True
+
+
+class TokenGenerator:
+    """Continuous-batching ONNX Runtime engine; implements ``TokenSource``."""
+
+    def __init__(
+        self,
+        prepared: PreparedModel,
+        *,
+        max_batch_size: int = 16,
+        kv_budget_bytes: int = DEFAULT_KV_BUDGET,
+        prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE,
+        threads: int | None = None,
+        tokenizer: Any | None = None,
+    ) -> None:
+        """Load a prepared model synchronously (seconds); in a kernel use ``await load()``."""
+        if max_batch_size < 1:
+            raise ValueError("max_batch_size must be >= 1")
+        self.prepared = prepared
+        self.tokenizer = tokenizer if tokenizer is not None else prepared.load_tokenizer()
+        self.runner = OnnxRunner(prepared.onnx_path, threads=exact_threads(prepared, threads))
+        self._context_length = prepared.context_length
+        self._eos = _eos_ids(self.tokenizer, prepared)
+        # Exactness first: a graph whose numbers depend on the rest of a run gets no reuse.
+        self.prefix_cache = PrefixCache(prefix_cache_bytes if prepared.prefix_reuse else 0)
+        self._mailboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Mailbox] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._scheduler = Scheduler(
+            self.runner,
+            stop_ids=self._eos,
+            context_length=self._context_length,
+            max_batch_size=max_batch_size,
+            kv_budget_bytes=kv_budget_bytes,
+            prefix_cache=self.prefix_cache,
+        )
+        self._closed = False
+
+    @classmethod
+    async def load(
+        cls,
+        model: str | os.PathLike[str] | None = None,
+        quantization: str | None = None,
+        *,
+        cache_dir: str | os.PathLike[str] | None = None,
+        progress: bool = True,
+        **options: Any,
+    ) -> TokenGenerator:
+        """Prepare (first time: export, quantize, evaluate; then cached) and load a model."""
+        from nbresponses.models.prepare import prepare_model
+
+        prepared = await asyncio.to_thread(
+            prepare_model, model, quantization, cache_dir=cache_dir, progress=progress
+        )
+        return await asyncio.to_thread(cls, prepared, **options)
+
+    # -- TokenSource ----------------------------------------------------------------------------
+
+    @property
+    def eos_token_ids(self) -> Sequence[int]:
+        return self._eos
+
+    @property
+    def context_length(self) -> int:
+        return self._context_length
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        stats: GenerationStats | None = None,
+    ) -> GenerationStream:
+        """Queue a request now and return its stream. Must be called with a running event loop.
+
+        Raises ValueError before admission for an empty or too long prompt, token ids outside
+        the vocabulary or invalid sampling settings. The stop token (eos or one of
+        ``stop_token_ids``) is included in the final step, with ``finish_reason="stop"``.
+        """
+        if self._closed:
+            raise RuntimeError("the engine is closed")
+        sampling.validate(params)
+        prompt = tuple(int(t) for t in prompt_ids)
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        if len(prompt) >= self._context_length:
+            raise ValueError(
+                f"the prompt has {len(prompt)} tokens; the model's context length is "
+                f"{self._context_length}, leaving no room for an answer"
+            )
+        vocab = self.runner.vocab_size
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            raise ValueError(
+                f"token ids must be in the vocabulary [0, {vocab}); "
+                f"got {min(prompt)}..{max(prompt)}"
+            )
+        loop = asyncio.get_running_loop()
+        mailbox = self._mailboxes.get(loop)
+        if mailbox is None:
+            mailbox = self._mailboxes[loop] = _Mailbox(loop)
+        queue: asyncio.Queue[Step] = asyncio.Queue()
+
+        def sink(step: Step) -> None:
+            mailbox.post(queue, step)
+
+        request = Request(
+            prompt=prompt,
+            params=params,
+            stats=stats if stats is not None else GenerationStats(),
+            sink=sink,
+            budget_tokens=min(len(prompt) + params.max_tokens, self._context_length),
+        )
+        self._scheduler.submit(request)
+        return GenerationStream(self, request, queue)
+
+    # -- control ------------------------------------------------------------------------------
+
+    def cancel(self, stream: GenerationStream) -> None:
+        """Stop a request; its stream ends with a ``cancelled`` step within one decode step."""
+        stream.cancel()
+
+    @property
+    def running(self) -> int:
+        """Requests decoding now."""
+        return len(self._scheduler.rows)
+
+    @property
+    def waiting(self) -> int:
+        """Requests queued for admission."""
+        return self._scheduler.waiting
+
+    @property
+    def decode_steps(self) -> int:
+        return self._scheduler.steps
+
+    async def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until no request runs or waits and the prefix cache holds every finished
+        answer (re-computed while idle, so a follow-up turn reuses it). False on timeout."""
+        return await asyncio.to_thread(self._scheduler.wait_idle, timeout)
+
+    async def aclose(self) -> None:
+        """Stop the worker; unfinished requests end with ``cancelled``."""
+        if not self._closed:
+            self._closed = True
+            await asyncio.to_thread(self._scheduler.close)
+
+    close = aclose
+
+    def close_sync(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._scheduler.close()
+
+    async def __aenter__(self) -> TokenGenerator:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+def exact_threads(prepared: PreparedModel, threads: int | None) -> int:
+    """The intra-op threads to run with: at most the model's attention heads.
+
+    With more threads than batch rows x heads, ONNX Runtime's attention splits a long row's keys
+    across threads for a one-token step ("flash decoding"), which sums in another order: a row
+    alone would get other numbers than the same row in a batch (docs/concepts/determinism.md).
+    """
+    wanted = threads or physical_cores()
+    heads = int(prepared.config.get("num_attention_heads") or 0)
+    if heads and wanted > heads:
+        if threads:
+            warnings.warn(
+                f"threads={threads} capped at the model's {heads} attention heads: more would "
+                "make a request's logprobs depend on its batch-mates",
+                stacklevel=3,
+            )
+        return heads
+    return wanted
+
+
+def _eos_ids(tokenizer: Any, prepared: PreparedModel) -> tuple[int, ...]:
+    """The tokenizer's eos (repaired at prepare time) plus generation_config's, if consistent."""
+    ids: list[int] = []
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    path = prepared.path / "generation_config.json"
+    if path.is_file():
+        import json
+
+        eos = json.loads(path.read_text()).get("eos_token_id")
+        for token in eos if isinstance(eos, list) else [eos] if eos is not None else []:
+            if int(token) not in ids and int(token) != getattr(tokenizer, "bos_token_id", None):
+                ids.append(int(token))
+    return tuple(ids)

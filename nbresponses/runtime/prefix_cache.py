@@ -1,0 +1,76 @@
+"""Reuse of earlier requests' KV for prompts that extend them (multi-turn chat), LRU-bounded.
+
+The KV of a token depends only on the tokens before it, so any stored sequence that shares its
+first k tokens with a new prompt supplies the KV of those k tokens; lookup takes the longest
+common prefix over all entries. Entries are prompts, and finished requests' prompt + answer, all
+computed by prefill runs (the scheduler never stores what decode steps computed): so the KV a
+hit supplies is bit for bit the KV a cold prefill of the same tokens computes.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import numpy as np
+
+from nbresponses.runtime.kv import RowKV, row_bytes
+
+
+class PrefixCache:
+    """Token sequences and their KV, evicted least recently used first beyond ``budget_bytes``."""
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget_bytes = budget_bytes
+        self._entries: OrderedDict[tuple[int, ...], RowKV] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def lookup(self, prompt: tuple[int, ...], *, leave: int = 1) -> tuple[int, RowKV | None]:
+        """(k, KV of the first k tokens) for the best match, k <= len(prompt) - ``leave`` (by
+        default one token remains to compute logits from). (0, None) when nothing matches."""
+        if not prompt or self.budget_bytes <= 0:
+            return 0, None
+        query = np.asarray(prompt, np.int64)
+        best, best_key = 0, None
+        with self._lock:
+            for key in self._entries:
+                n = min(len(key), len(query) - leave)
+                if n <= best:
+                    continue
+                differ = np.flatnonzero(np.asarray(key[:n], np.int64) != query[:n])
+                common = int(differ[0]) if differ.size else n
+                if common > best:
+                    best, best_key = common, key
+            if best_key is None:
+                return 0, None
+            self._entries.move_to_end(best_key)
+            kv = self._entries[best_key]
+        return best, [a[:, :best] for a in kv]
+
+    def store(self, tokens: tuple[int, ...], kv: RowKV) -> None:
+        """Remember ``tokens`` (KV length must match); drop entries it extends; evict LRU."""
+        size = row_bytes(kv)
+        if not tokens or size > self.budget_bytes:
+            return
+        with self._lock:
+            extended = [k for k in self._entries if tokens[: len(k)] == k]
+            for key in extended:
+                self._bytes -= row_bytes(self._entries.pop(key))
+            self._entries[tokens] = kv
+            self._bytes += size
+            while self._bytes > self.budget_bytes and self._entries:
+                _, old = self._entries.popitem(last=False)
+                self._bytes -= row_bytes(old)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._bytes = 0

@@ -1,0 +1,155 @@
+"""One ONNX Runtime session and the single call the scheduler makes on it: run tokens, get logits.
+
+Session settings are tuned for decode on a CPU: one intra-op thread per physical core (hyper-
+threads only contend for the same vector units), sequential execution, full graph optimisation.
+Inputs and outputs travel as OrtValues (`run_with_ort_values`), so the KV cache produced by one
+step is fed to the next without passing through numpy.
+
+Graphs that mark their KV layout as end-padded and in place (the fused graph: GroupQueryAttention
+reads each row's length from the mask and writes the new column into the past buffer when past
+and present are one tensor) decode through an IOBinding that binds each KV buffer as both input
+and output; the bindings are kept between steps and only the ids, mask and positions are re-bound
+(see ``kv.EndPaddedKV``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from nbresponses.models.cpu import physical_cores
+from nbresponses.models.fused import (  # the graph builder's names
+    END_PADDED_IN_PLACE,
+    KV_LAYOUT,
+    LOGITS_TO_KEEP,
+)
+from nbresponses.runtime.kv import KVLayout
+
+
+def session_options(threads: int | None = None) -> ort.SessionOptions:
+    # Not ``session.set_denormal_as_zero``: it looked 4-5% faster on random KV but made no
+    # difference in the engine (A/B, 3 rounds), and ONNX Runtime sets the flags on the thread
+    # that creates the session and leaves them set: a notebook's main thread would silently
+    # flush every later subnormal of the user's.
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads or physical_cores()
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    return options
+
+
+class OnnxRunner:
+    """The exported causal LM: ``run(ids, mask, positions, past) -> (last logits, present)``."""
+
+    def __init__(self, model_path: str | os.PathLike[str], *, threads: int | None = None) -> None:
+        self.model_path = Path(model_path)
+        self.session = ort.InferenceSession(
+            str(self.model_path), session_options(threads), providers=["CPUExecutionProvider"]
+        )
+        self.layout = KVLayout.from_session(self.session)
+        self._outputs = ["logits", *self.layout.present_names]
+        self.vocab_size = int(self.session.get_outputs()[0].shape[-1])
+        metadata = self.session.get_modelmeta().custom_metadata_map
+        # Older fused graphs (left padding with an attention bias) lack the mark: they run one
+        # row at a time (``kv.SeparateKV``), which is exact for any graph.
+        self.kv_in_place = metadata.get(KV_LAYOUT) == END_PADDED_IN_PLACE
+        # Some exports (gpt-oss) derive positions from the attention mask and take no position_ids.
+        inputs = {i.name for i in self.session.get_inputs()}
+        self._inputs = tuple(
+            n for n in ("input_ids", "attention_mask", "position_ids") if n in inputs
+        )
+        # Graphs that can compute the LM head for the last position only (an input with a
+        # default, which ONNX Runtime lists among the overridable initializers) are asked to.
+        overridable = {i.name for i in self.session.get_overridable_initializers()}
+        self.last_logits_only = LOGITS_TO_KEEP in overridable | inputs
+        self._binding: Any = None
+        self._bound_past: list[Any] | None = None
+        self._logits = np.empty((0, 0, self.vocab_size), np.float32)
+        self.run(*_warmup_inputs(self.layout))  # first-run allocations: not in a user's TTFT
+
+    def run(
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray,
+        position_ids: np.ndarray,
+        past: list[Any],
+        *,
+        in_place: bool = False,
+        position: int = -1,
+    ) -> tuple[np.ndarray, list[Any]]:
+        """Logits of one position of every row ([B, V] float32; the last one by default, or
+        ``position`` counted from the end, -1 or -2) and the present KV.
+
+        ``in_place`` (graphs with ``kv_in_place`` only; one new token per row): ``past`` are
+        OrtValue buffers with room for the new columns; they are updated and returned as the
+        present.
+        """
+        if in_place:
+            return self._run_in_place(input_ids, attention_mask, position_ids, past)
+        given = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+        }
+        feeds = {name: _ortvalue(given[name]) for name in self._inputs}
+        if self.last_logits_only:
+            feeds[LOGITS_TO_KEEP] = _ortvalue(np.array([-position], np.int64))
+        for name, value in zip(self.layout.past_names, past, strict=True):
+            feeds[name] = _ortvalue(value)
+        outputs = self.session.run_with_ort_values(self._outputs, feeds)
+        logits = outputs[0].numpy()[:, position, :]
+        return np.ascontiguousarray(logits, dtype=np.float32), list(outputs[1:])
+
+    def _run_in_place(
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray,
+        position_ids: np.ndarray,
+        past: list[Any],
+    ) -> tuple[np.ndarray, list[Any]]:
+        if not self.kv_in_place:
+            raise ValueError(f"{self.model_path} does not support in-place KV")
+        binding = self._binding
+        # IOBinding cannot bind an overridable initializer: ``num_logits_to_keep`` keeps its
+        # default (all positions), which for a decode step is the one position anyway.
+        shape = (*input_ids.shape, self.vocab_size)
+        if binding is None or past is not self._bound_past or self._logits.shape != shape:
+            binding = self.session.io_binding()
+            for name, out, value in zip(
+                self.layout.past_names, self.layout.present_names, past, strict=True
+            ):
+                binding.bind_ortvalue_input(name, value)
+                binding.bind_ortvalue_output(out, value)
+            # Logits land in a buffer of ours, reused while the batch keeps its shape: no
+            # allocation and no copy per step (3 MB a step at 16 rows). Callers read a row
+            # before the next run overwrites it.
+            self._logits = np.empty(shape, np.float32)
+            binding.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(self._logits))
+            self._binding, self._bound_past = binding, past
+        given = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+        }
+        feeds = [np.ascontiguousarray(given[name]) for name in self._inputs]
+        for name, value in zip(self._inputs, feeds, strict=True):
+            binding.bind_cpu_input(name, value)
+        self.session.run_with_iobinding(binding)  # ``feeds`` stays alive until here
+        return self._logits[:, -1, :], past
+
+
+def _warmup_inputs(layout: KVLayout) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Any]]:
+    ids = np.zeros((1, 2), np.int64)
+    return ids, np.ones((1, 2), np.int64), np.arange(2, dtype=np.int64)[None], layout.empty()
+
+
+def _ortvalue(value: Any) -> ort.OrtValue:
+    if isinstance(value, ort.OrtValue):
+        return value
+    return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(value))

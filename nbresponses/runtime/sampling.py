@@ -1,0 +1,97 @@
+"""Token choice and logprobs for one request's row of logits.
+
+Logprobs are those of the model's own distribution: a float32 log-softmax over the full vocabulary
+of the raw logits, *before* temperature, top-k or top-p. This is what OpenAI reports, and it keeps
+logprobs comparable across sampling settings. Sampling draws from the tempered, filtered
+distribution with the request's own numpy Generator, so a seed gives the same tokens whether the
+request runs alone or batched (one uniform draw per token, nothing shared between rows).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nbresponses.tokens.contract import SamplingParams, TokenIdLogprob
+
+MAX_TOP_LOGPROBS = 20
+_NUCLEUS_PROBE = 64  # top-p: first try the 64 most likely tokens before sorting the vocabulary
+
+
+def validate(params: SamplingParams) -> None:
+    """Raise ValueError for settings no request may run with."""
+    if params.max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {params.max_tokens}")
+    if not params.temperature >= 0 or not np.isfinite(params.temperature):
+        raise ValueError(f"temperature must be a finite number >= 0, got {params.temperature}")
+    if not 0 < params.top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")
+    if params.top_k < 0:
+        raise ValueError(f"top_k must be >= 0, got {params.top_k}")
+    if not 0 <= params.top_logprobs <= MAX_TOP_LOGPROBS:
+        raise ValueError(
+            f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {params.top_logprobs}"
+        )
+
+
+def make_rng(params: SamplingParams) -> np.random.Generator:
+    return np.random.default_rng(params.seed)
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Full-vocabulary log-softmax in float32 (the sum is accumulated in float64)."""
+    x = logits.astype(np.float32, copy=False)
+    shifted = x - x.max()
+    lse = np.log(np.exp(shifted, dtype=np.float64).sum())
+    return (shifted - np.float32(lse)).astype(np.float32, copy=False)
+
+
+def _top_indices(values: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest values, largest first (ties: lower index first)."""
+    k = min(k, values.shape[0])
+    full = k >= values.shape[0]
+    idx = np.arange(values.shape[0]) if full else np.argpartition(-values, k - 1)[:k]
+    order = np.lexsort((idx, -values[idx]))
+    return idx[order]
+
+
+def choose(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
+    """Pick the next token: argmax when greedy, else a draw after temperature, top-k, top-p."""
+    if params.temperature == 0:
+        return int(np.argmax(logits))
+    x = logits.astype(np.float64) / params.temperature
+    vocab = x.shape[0]
+    pool: np.ndarray | None = None  # top-k survivors (None: the whole vocabulary)
+    if 0 < params.top_k < vocab:
+        pool = np.sort(np.argpartition(-x, params.top_k - 1)[: params.top_k])
+    values = x if pool is None else x[pool]
+    peak = values.max()
+    if params.top_p >= 1.0:
+        cdf = np.cumsum(np.exp(values - peak))
+        pick = _draw(cdf, rng)
+    else:
+        # Nucleus over the pool, renormalised; sort only as much of it as the nucleus needs.
+        total = np.exp(values - peak).sum()
+        head = _top_indices(values, _NUCLEUS_PROBE)
+        cum = np.cumsum(np.exp(values[head] - peak)) / total
+        if cum[-1] < params.top_p and head.shape[0] < values.shape[0]:
+            head = _top_indices(values, values.shape[0])
+            cum = np.cumsum(np.exp(values[head] - peak)) / total
+        keep = min(int(np.searchsorted(cum, params.top_p, side="left")) + 1, head.shape[0])
+        pick = int(head[_draw(cum[:keep], rng)])
+    return int(pick if pool is None else pool[pick])
+
+
+def _draw(cdf: np.ndarray, rng: np.random.Generator) -> int:
+    """Inverse-CDF draw from an unnormalised cumulative distribution (one uniform per token)."""
+    pick = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+    return min(pick, cdf.shape[0] - 1)
+
+
+def token_logprob(logits: np.ndarray, token_id: int, top: int) -> TokenIdLogprob:
+    """The chosen token's logprob and the ``top`` best alternatives, from the raw logits."""
+    logp = log_softmax(logits)
+    alternatives: tuple[tuple[int, float], ...] = ()
+    if top > 0:
+        idx = _top_indices(logp, top)
+        alternatives = tuple((int(i), float(logp[i])) for i in idx)
+    return TokenIdLogprob(token_id=int(token_id), logprob=float(logp[token_id]), top=alternatives)

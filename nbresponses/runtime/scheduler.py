@@ -1,0 +1,344 @@
+"""Continuous batching in one worker thread: admit, prefill, decode one step, emit, repeat.
+
+Each iteration (1) drops cancelled rows, (2) admits waiting requests in FIFO order while the batch
+size and KV budget allow, prefilling each one alone (reusing cached prefix KV) and merging it into
+the running batch, then (3) runs one decode step for every row. Finished rows leave at once.
+ONNX Runtime releases the GIL while it computes, so the asyncio loop that consumes the steps (a
+notebook kernel) stays responsive; steps cross to it via ``call_soon_threadsafe``.
+
+Exactness (docs/concepts/determinism.md): a request's tokens and logprobs depend on nothing but
+the request. Three rules here keep it so, each answering a measured kernel behaviour:
+- prefill runs have an even number of tokens (a dummy token is appended to an odd one; its
+  logits and KV are dropped): ONNX Runtime's attention computes a lone query row of a prefill
+  tile, as a one-row matmul does, with another summation order than a row among others;
+- the prefix cache keeps only KV computed by prefill runs (prompts, and finished answers
+  re-computed while the engine is idle), never the decode steps' KV, which the one-query decode
+  kernel computed in yet another order; so a cached prefix equals what a cold prefill computes;
+- decode batches keep each row's KV unshifted (``kv.EndPaddedKV``) or run rows alone
+  (``kv.SeparateKV``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from nbresponses.runtime import sampling
+from nbresponses.runtime.kv import DecodingRows, EndPaddedKV, RowKV, SeparateKV
+from nbresponses.runtime.prefix_cache import PrefixCache
+from nbresponses.runtime.runner import OnnxRunner
+from nbresponses.tokens.contract import GenerationStats, SamplingParams, Step, TokenIdLogprob
+
+PREFILL_CHUNK = 512  # prompt tokens per prefill run (even): bounds attention and logits memory
+IDLE_CHUNK = 64  # tokens per run when re-computing a finished answer while idle (even)
+IDLE_QUEUE = 8  # finished answers remembered for idle re-computation (newest kept)
+
+_ids = itertools.count(1)
+
+
+@dataclass(eq=False)
+class Request:
+    """One generation as the worker sees it. ``sink`` must be safe to call from the worker."""
+
+    prompt: tuple[int, ...]
+    params: SamplingParams
+    stats: GenerationStats
+    sink: Callable[[Step], None]
+    budget_tokens: int  # prompt + the most tokens it may generate (KV reservation)
+    id: int = field(default_factory=lambda: next(_ids))
+    rng: np.random.Generator = field(init=False)
+    generated: list[int] = field(default_factory=list)
+    cancelled: bool = False
+    done: bool = False
+    submitted_at: float = field(default_factory=time.perf_counter)
+
+    def __post_init__(self) -> None:
+        self.rng = sampling.make_rng(self.params)
+
+
+class Scheduler:
+    """Owns the runner, the batch KV and the prefix cache; only its thread touches them."""
+
+    def __init__(
+        self,
+        runner: OnnxRunner,
+        *,
+        stop_ids: Sequence[int],
+        context_length: int,
+        max_batch_size: int,
+        kv_budget_bytes: int,
+        prefix_cache: PrefixCache,
+    ) -> None:
+        self.runner = runner
+        self.stop_ids = frozenset(int(t) for t in stop_ids)
+        self.context_length = context_length
+        self.max_batch_size = max_batch_size
+        self.kv_budget_bytes = kv_budget_bytes
+        self.prefix_cache = prefix_cache
+        self.kv: DecodingRows = (
+            EndPaddedKV(runner.layout) if runner.kv_in_place else SeparateKV(runner.layout)
+        )
+        self.rows: list[Request] = []
+        self.steps = 0  # decode steps run (for tests and stats)
+        self._waiting: deque[Request] = deque()
+        # finished requests' prompt + answer, to re-compute by prefill when idle (newest last)
+        self._idle_work: deque[tuple[int, ...]] = deque(maxlen=IDLE_QUEUE)
+        self._cond = threading.Condition()
+        self._idle = threading.Event()  # set while the worker has nothing at all to do
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="nbresponses-engine", daemon=True)
+        self._thread.start()
+
+    # -- called from any thread ---------------------------------------------------------------
+
+    def submit(self, request: Request) -> None:
+        with self._cond:
+            if self._stopping:
+                raise RuntimeError("the engine is closed")
+            self._waiting.append(request)
+            self._idle.clear()
+            self._cond.notify()
+
+    def cancel(self, request: Request) -> None:
+        request.cancelled = True
+        with self._cond:
+            self._cond.notify()
+
+    def close(self, timeout: float | None = None) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join(timeout)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Block until nothing runs, waits or is left to re-compute for the prefix cache."""
+        return self._idle.wait(timeout)
+
+    # -- the worker ---------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._stopping or self._waiting or self.rows or self._idle_work):
+                    self._idle.set()
+                    self._cond.wait()
+                self._idle.clear()
+                if self._stopping:
+                    break
+            self._drop_cancelled()
+            self._admit()
+            if self.rows:
+                self._decode()
+            elif not self._waiting and self._idle_work:
+                self._recompute_answer(self._idle_work.pop())
+        for request in [*self.rows, *self._waiting]:
+            self._finish(request, Step((), finish_reason="cancelled"))
+        self.rows.clear()
+        self._waiting.clear()
+
+    def _drop_cancelled(self) -> None:
+        gone = [i for i, r in enumerate(self.rows) if r.cancelled]
+        for i in gone:
+            self._finish(self.rows[i], Step((), finish_reason="cancelled"))
+        self._remove(gone)
+
+    def _fits(self, request: Request, pending: list[Request]) -> bool:
+        """Batch size and KV budget (rows x the longest reservation, as left padding costs)."""
+        rows = [*self.rows, *pending]
+        if not rows:
+            return True  # alone it always runs: a large request must not wait forever
+        if len(rows) >= self.max_batch_size:
+            return False
+        longest = max(request.budget_tokens, *(r.budget_tokens for r in rows))
+        need = (len(rows) + 1) * longest * self.runner.layout.bytes_per_token
+        return need <= self.kv_budget_bytes
+
+    def _admit(self) -> None:
+        """Prefill every waiting request that fits, then merge them into the batch at once."""
+        joined: list[tuple[Request, RowKV]] = []
+        try:
+            while True:
+                with self._cond:
+                    if not self._waiting:
+                        return
+                    request = self._waiting[0]
+                    if not (request.cancelled or self._fits(request, [r for r, _ in joined])):
+                        return  # FIFO: later requests wait behind it, nobody starves
+                    self._waiting.popleft()
+                if request.cancelled:
+                    self._finish(request, Step((), finish_reason="cancelled"))
+                    continue
+                try:
+                    row = self._prefill(request)
+                except Exception as exc:  # one bad request must not stop the others
+                    self._finish(request, Step((), finish_reason="error", error=_describe(exc)))
+                    continue
+                if row is not None:
+                    joined.append((request, row))
+        finally:
+            self.kv.add_rows([row for _, row in joined])
+            self.rows.extend(request for request, _ in joined)
+
+    def _extend(
+        self,
+        tokens: tuple[int, ...],
+        start: int,
+        past: RowKV | None,
+        chunk: int,
+        abort: Callable[[], bool] | None = None,
+    ) -> tuple[np.ndarray, RowKV] | None:
+        """Compute the KV of ``tokens[start:]`` by prefill runs, given the KV of the first
+        ``start`` tokens (``past``). Returns the last token's logits and the KV of all tokens,
+        or None when ``abort()`` said so between runs."""
+        count = len(tokens) - start
+        padded = tokens + tokens[-1:] * (count % 2)  # the dummy: any valid id will do
+        values: list[Any] = self.runner.layout.empty() if past is None else [a[None] for a in past]
+        logits = None
+        begin = start
+        for length in prefill_runs(count, chunk):
+            if abort is not None and abort():
+                return None
+            end = begin + length
+            ids = np.asarray(padded[begin:end], np.int64)[None]
+            mask = np.ones((1, end), np.int64)
+            positions = np.arange(begin, end, dtype=np.int64)[None]
+            # the last real token is the run's last, or its second-to-last before the dummy
+            position = -1 - max(0, end - len(tokens))
+            logits, values = self.runner.run(ids, mask, positions, values, position=position)
+            begin = end
+        assert logits is not None
+        row = [v.numpy()[0] for v in values]
+        if row[0].shape[1] > len(tokens):  # the dummy's column
+            row = [np.ascontiguousarray(a[:, : len(tokens)]) for a in row]
+        return logits[0], row
+
+    def _prefill(self, request: Request) -> RowKV | None:
+        """Run the prompt alone and send its first token. Returns its KV row, or None when the
+        request already finished."""
+        start = time.perf_counter()
+        stats = request.stats
+        stats.timings["queued_s"] = start - request.submitted_at
+        prompt = request.prompt
+        cached, past = self.prefix_cache.lookup(prompt)
+        stats.prompt_tokens, stats.cached_tokens = len(prompt), cached
+        computed = self._extend(prompt, cached, past, PREFILL_CHUNK)
+        assert computed is not None
+        logits, row = computed
+        self.prefix_cache.store(prompt, row)
+        stats.timings["prefill_s"] = time.perf_counter() - start
+        if self._emit(request, logits):
+            return None
+        return row
+
+    def _recompute_answer(self, tokens: tuple[int, ...]) -> None:
+        """Give the prefix cache a finished request's prompt + answer, computed by prefill as a
+        later turn's cold prompt would be, so that turn reuses it exactly. Runs only while
+        nothing waits; yields to any arrival between runs of ``IDLE_CHUNK`` tokens."""
+        cached, past = self.prefix_cache.lookup(tokens, leave=0)
+        if cached == len(tokens):
+            return
+
+        def arrived() -> bool:
+            return bool(self._waiting or self._stopping)
+
+        try:
+            computed = self._extend(tokens, cached, past, IDLE_CHUNK, abort=arrived)
+        except Exception:  # a cache warm-up only: nobody waits for it
+            return
+        if computed is not None:
+            self.prefix_cache.store(tokens, computed[1])
+
+    def _decode(self) -> None:
+        try:
+            logits = self.kv.step(self.runner, [r.generated[-1] for r in self.rows])
+        except Exception as exc:  # the batch is lost; fail its rows, keep serving new ones
+            for request in self.rows:
+                self._finish(request, Step((), finish_reason="error", error=_describe(exc)))
+            self._remove(list(range(len(self.rows))))
+            return
+        self.steps += 1
+        finished = []
+        for i, request in enumerate(self.rows):
+            if request.cancelled or self._emit(request, logits[i]):
+                finished.append(i)
+                if request.cancelled:
+                    self._finish(request, Step((), finish_reason="cancelled"))
+        self._remove(finished)
+
+    def _remove(self, indices: list[int]) -> None:
+        if indices:
+            self.kv.remove(indices)
+            drop = set(indices)
+            self.rows = [r for i, r in enumerate(self.rows) if i not in drop]
+
+    def _emit(self, request: Request, logits: np.ndarray) -> bool:
+        """Choose a token, send its Step; True when the request is finished."""
+        params = request.params
+        try:
+            token = sampling.choose(logits, params, request.rng)
+            logprob: tuple[TokenIdLogprob, ...] | None = None
+            if params.logprobs or params.top_logprobs:
+                logprob = (sampling.token_logprob(logits, token, params.top_logprobs),)
+        except Exception as exc:
+            self._finish(request, Step((), finish_reason="error", error=_describe(exc)))
+            return True
+        request.generated.append(token)
+        stats = request.stats
+        stats.output_tokens = len(request.generated)
+        if stats.first_token_time is None:
+            stats.first_token_time = time.perf_counter()
+        reason = None
+        if token in self.stop_ids or token in params.stop_token_ids:
+            reason = "stop"
+        elif (
+            len(request.generated) >= params.max_tokens
+            or len(request.prompt) + len(request.generated) >= self.context_length
+        ):
+            reason = "length"
+        step = Step((token,), logprob, finish_reason=reason)
+        if reason:
+            if self.prefix_cache.budget_bytes > 0:
+                self._idle_work.append(request.prompt + tuple(request.generated))
+            self._finish(request, step)
+        else:
+            self._send(request, step)
+        return reason is not None
+
+    def _finish(self, request: Request, step: Step) -> None:
+        if not request.done:
+            request.done = True
+            request.stats.timings["total_s"] = time.perf_counter() - request.submitted_at
+            self._send(request, step)
+
+    def _send(self, request: Request, step: Step) -> None:
+        try:
+            request.sink(step)
+        except RuntimeError:  # the consumer's event loop is gone
+            request.cancelled = True
+
+
+def prefill_runs(count: int, chunk: int = PREFILL_CHUNK) -> list[int]:
+    """Lengths of the prefill runs that compute ``count`` tokens: even, at most ``chunk`` (even)
+    tokens each; when ``count`` is odd the last run carries one dummy token more."""
+    if chunk < 2 or chunk % 2:
+        raise ValueError(f"the prefill chunk must be even and >= 2, got {chunk}")
+    total = count + count % 2
+    runs = [chunk] * (total // chunk)
+    if total % chunk:
+        runs.append(total % chunk)
+    return runs
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"

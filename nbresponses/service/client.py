@@ -1,0 +1,281 @@
+"""The in-kernel Responses API: ``AsyncResponsesClient(source, tokenizer, model=...).responses``.
+
+``responses`` mirrors ``openai.AsyncOpenAI().responses``: ``create``, ``retrieve``, ``cancel``,
+``delete``, ``input_items.list``, plus ``run`` (a tool loop over Python callables). A streamed
+create returns a ``ResponseEventStream``; a non-streamed one is the same run with its events
+folded. Each request runs in its own task, so one failing request never touches another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from openai.types.responses import Response, ResponseItemList
+from openai.types.responses.response_text_config import ResponseTextConfig
+from openai.types.shared.response_format_text import ResponseFormatText
+
+from nbresponses.families.base import Family, FamilyName, select_family
+from nbresponses.protocol.errors import bad_request, response_not_found, unsupported
+from nbresponses.protocol.ids import new_id
+from nbresponses.protocol.request import CreateRequest, given, parse_create
+from nbresponses.service.run import Generation, ResponseRun
+from nbresponses.service.store import Record, ResponseStore
+from nbresponses.service.stream import ResponseEventStream
+from nbresponses.tokens.contract import SamplingParams, TokenSource
+
+TERMINAL = ("completed", "incomplete", "failed", "cancelled")
+
+
+class AsyncResponsesClient:
+    """A local stand-in for ``openai.AsyncOpenAI`` with the Responses API only.
+
+    ``format`` says how the model reads and writes tokens: "auto" (gpt-oss when ``config`` has
+    ``model_type == "gpt_oss"`` or the tokenizer knows harmony's tokens, else the tokenizer's
+    chat template), "chat", "harmony", or a ``Family`` object. gpt-oss models also get
+    built-in tools: python (when a request lists ``{"type": "code_interpreter"}``; it runs in
+    a ``PythonSandbox`` with ``python_timeout`` per cell) and, when ``browser`` is a
+    ``BrowserBackend``, the browser (``{"type": "web_search"}``). ``max_tool_calls`` bounds
+    the built-in calls of one response (a request may ask for fewer).
+    """
+
+    def __init__(
+        self,
+        source: TokenSource,
+        tokenizer: Any,
+        *,
+        model: str,
+        format: FamilyName | Family = "auto",
+        config: Any = None,
+        browser: Any = None,
+        python_timeout: float = 120.0,
+        max_tool_calls: int = 16,
+        store_max_responses: int = 1000,
+        store_max_bytes: int = 64 * 2**20,
+    ) -> None:
+        self.source = source
+        self.tokenizer = tokenizer
+        self.model = model
+        self.format = select_family(
+            format,
+            source=source,
+            tokenizer=tokenizer,
+            config=config,
+            browser=browser,
+            python_timeout=python_timeout,
+            max_tool_calls=max_tool_calls,
+        )
+        self.store = ResponseStore(store_max_responses, store_max_bytes)
+        self.responses = AsyncResponses(self)
+
+
+class AsyncInputItems:
+    """``client.responses.input_items``."""
+
+    def __init__(self, client: AsyncResponsesClient) -> None:
+        self._client = client
+
+    async def list(
+        self,
+        response_id: str,
+        *,
+        after: str | None = None,
+        limit: int | None = None,
+        order: str | None = None,
+        include: Sequence[str] | None = None,
+        **transport: Any,
+    ) -> ResponseItemList:
+        """The request's own input items (newest first by default, as OpenAI pages them)."""
+        record = self._client.store.get(response_id)
+        if record is None:
+            raise response_not_found(response_id)
+        if given(include) and include:
+            raise unsupported("include")
+        items = list(record.input)
+        if (order or "desc") == "desc":
+            items.reverse()
+        elif order != "asc":
+            raise bad_request("'order' must be 'asc' or 'desc'.", param="order")
+        if given(after):
+            ids = [i.id for i in items]
+            if after not in ids:
+                raise bad_request(f"No item with id '{after}'.", param="after")
+            items = items[ids.index(after) + 1 :]
+        limit = 20 if not given(limit) else limit
+        if not 1 <= limit <= 100:
+            raise bad_request("'limit' must be between 1 and 100.", param="limit")
+        page = items[:limit]
+        return ResponseItemList(
+            object="list",
+            data=page,
+            first_id=page[0].id if page else "",
+            last_id=page[-1].id if page else "",
+            has_more=len(items) > limit,
+        )
+
+
+class AsyncResponses:
+    """``client.responses``: the methods of ``openai.AsyncOpenAI().responses`` we serve."""
+
+    def __init__(self, client: AsyncResponsesClient) -> None:
+        self._client = client
+        self.input_items = AsyncInputItems(client)
+
+    # -- create ---------------------------------------------------------------------------
+
+    async def create(self, **kwargs: Any) -> Response | ResponseEventStream:
+        """Create a response: a ``Response``, or a ``ResponseEventStream`` when ``stream=True``."""
+        req = parse_create(kwargs, model=self._client.model)
+        run, _ = self._start(req)
+        if req.stream:
+            return ResponseEventStream(run, owns_run=not req.background)
+        if req.background:
+            return run.response.model_copy(deep=True)
+        try:
+            response = await asyncio.shield(run.wait())
+        except asyncio.CancelledError:
+            run.cancel()  # the caller gave up: stop generating, keep what was made
+            raise
+        return response.model_copy(deep=True)
+
+    def _start(self, req: CreateRequest) -> tuple[ResponseRun, Record]:
+        client = self._client
+        context: list[Any] = []
+        if req.previous_response_id is not None:
+            parent = client.store.get(req.previous_response_id)
+            if parent is None:
+                raise bad_request(
+                    f"Previous response with id '{req.previous_response_id}' not found.",
+                    param="previous_response_id",
+                    code="previous_response_not_found",
+                )
+            if not parent.run.done.is_set():
+                raise bad_request(
+                    f"Previous response '{req.previous_response_id}' is still running.",
+                    param="previous_response_id",
+                )
+            context = parent.history()
+        history = [*context, *req.input]
+        client.format.check(req, history)
+        prompt = client.format.render(req, history)
+        room = client.source.context_length - len(prompt.ids)
+        if room < 1:
+            raise bad_request(
+                f"The prompt has {len(prompt.ids)} tokens; this model's context holds "
+                f"{client.source.context_length}.",
+                param="input",
+                code="context_length_exceeded",
+            )
+        params = SamplingParams(
+            max_tokens=req.max_output_tokens or client.source.context_length,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            stop_token_ids=prompt.stop_token_ids,
+            logprobs=req.logprobs,
+            top_logprobs=req.top_logprobs,
+        )
+        generation = Generation(prompt_ids=prompt.ids, params=params, decoder=prompt.decoder)
+        run = ResponseRun(self._response(req), client.source, generation)
+        record = Record(run=run, input=req.input, context=context, background=req.background)
+        run.builder.created()
+        if req.background:
+            run.builder.queued()
+        if req.store:
+            client.store.put(record)
+        run.start()
+        assert run.task is not None
+        run.task.add_done_callback(lambda _: self._settled(record, req))
+        return run, record
+
+    def _settled(self, record: Record, req: CreateRequest) -> None:
+        if not req.background:
+            record.run.keep_events = False
+            record.run.events = []  # only background responses can be streamed again
+        self._client.store.settled(record)
+
+    def _response(self, req: CreateRequest) -> Response:
+        return Response(
+            id=new_id("resp"),
+            object="response",
+            created_at=time.time(),
+            model=self._client.model,
+            status="in_progress",
+            output=[],
+            background=req.background,
+            instructions=req.instructions,
+            metadata=req.metadata,
+            max_output_tokens=req.max_output_tokens,
+            parallel_tool_calls=req.parallel_tool_calls,
+            previous_response_id=req.previous_response_id,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_logprobs=req.top_logprobs,
+            tool_choice=req.tool_choice,
+            tools=req.all_tools,
+            reasoning=req.reasoning,
+            text=ResponseTextConfig(format=ResponseFormatText(type="text")),
+            truncation="disabled",
+            **req.echoed,
+        )
+
+    # -- retrieve, cancel, delete ---------------------------------------------------------
+
+    def _record(self, response_id: str) -> Record:
+        record = self._client.store.get(response_id)
+        if record is None:
+            raise response_not_found(response_id)
+        return record
+
+    async def retrieve(
+        self,
+        response_id: str,
+        *,
+        stream: bool | None = None,
+        starting_after: int | None = None,
+        include: Sequence[str] | None = None,
+        include_obfuscation: bool | None = None,
+        **transport: Any,
+    ) -> Response | ResponseEventStream:
+        """The stored response; with ``stream=True`` (background only) its events after N."""
+        record = self._record(response_id)
+        if given(include) and include:
+            raise unsupported("include", "logprobs are kept when the create asked for them.")
+        if not stream:
+            if given(starting_after):
+                raise bad_request("'starting_after' needs stream=True.", param="starting_after")
+            return record.run.response.model_copy(deep=True)
+        if not record.background:
+            raise bad_request("Only background responses can be streamed again.", param="stream")
+        after = starting_after if given(starting_after) else -1
+        if after < -1:
+            raise bad_request("'starting_after' must be -1 or more.", param="starting_after")
+        return ResponseEventStream(record.run, after=after)
+
+    async def cancel(self, response_id: str, **transport: Any) -> Response:
+        """Cancel a background response: status ``cancelled``, partial output kept; idempotent."""
+        record = self._record(response_id)
+        if not record.background:
+            raise bad_request("Cannot cancel a synchronous response.", param="response_id")
+        record.run.cancel()
+        await record.run.wait()
+        return record.run.response.model_copy(deep=True)
+
+    async def delete(self, response_id: str, **transport: Any) -> None:
+        """Forget a stored response (a running one is cancelled first)."""
+        record = self._record(response_id)
+        record.run.cancel()
+        await record.run.wait()
+        self._client.store.remove(response_id)
+
+    # -- the tool loop --------------------------------------------------------------------
+
+    async def run(self, *, tools: Sequence[Any], max_turns: int = 8, **kwargs: Any) -> Response:
+        """Create, run the function calls it makes, feed the outputs back, until a final answer.
+
+        See ``nbresponses.service.function_tools.run_tools``.
+        """
+        from nbresponses.service.function_tools import run_tools
+
+        return await run_tools(self, tools=tools, max_turns=max_turns, **kwargs)

@@ -1,0 +1,190 @@
+"""One response being generated: the token loop, the format's decoder, the event log.
+
+The run drives ``TokenSource.generate`` in its own asyncio task, feeds every token to the
+format's ``Decoder`` (which calls the event builder) and appends every event to a log. When the
+decoder has a built-in tool's answer to send (gpt-oss), the run generates again from prompt +
+output + answer, within the same response and token budget. Streams (the creator's, or
+``retrieve(stream=True, starting_after=N)`` readers) follow the log by sequence number, so a
+late reader replays exactly the events after N and then continues live. Cancelling the task
+closes the source's iterator (freeing the engine's batch row) and keeps the partial output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+
+from openai.types.responses import Response, ResponseStreamEvent
+
+from nbresponses.families.base import Decoder
+from nbresponses.protocol.events import EventBuilder
+from nbresponses.protocol.usage import build_usage
+from nbresponses.tokens.contract import GenerationStats, SamplingParams, TokenSource
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What the token loop needs: the prompt, sampling, and the format's reader of the output.
+
+    ``params.max_tokens`` bounds the whole response: a format with built-in tools generates in
+    rounds (prompt + output + tool answer, again), and all rounds share it.
+    """
+
+    prompt_ids: Sequence[int]
+    params: SamplingParams
+    decoder: Callable[[EventBuilder], Decoder]
+
+
+class ResponseRun:
+    """A response in flight (or finished): its builder, event log and generation task."""
+
+    def __init__(self, response: Response, source: TokenSource, generation: Generation) -> None:
+        self.events: list[ResponseStreamEvent] = []
+        self.builder = EventBuilder(response, self._append)
+        self.decoder = generation.decoder(self.builder)
+        self._source = source
+        self._gen = generation
+        self._changed = asyncio.Event()
+        self.done = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+        self.keep_events = True
+
+    @property
+    def response(self) -> Response:
+        return self.builder.response
+
+    @property
+    def id(self) -> str:
+        return self.builder.response.id
+
+    def _append(self, event: ResponseStreamEvent) -> None:
+        self.events.append(event)
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._run(), name=f"nbr-{self.id}")
+
+    def cancel(self) -> None:
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+    async def wait(self) -> Response:
+        await self.done.wait()
+        return self.response
+
+    async def follow(self, after: int = -1) -> AsyncIterator[ResponseStreamEvent]:
+        """Events with sequence number > ``after``, live until the run ends."""
+        index = after + 1
+        while True:
+            changed = self._changed
+            while index < len(self.events):
+                yield self.events[index]
+                index += 1
+            if self.done.is_set():
+                return
+            await changed.wait()
+
+    # -- the token loop -------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        b = self.builder
+        decoder = self.decoder
+        stats = GenerationStats()  # summed over rounds
+        prompt = list(self._gen.prompt_ids)
+        output_tokens = 0
+        finish, error = "stop", None
+        b.in_progress()
+        try:
+            while True:
+                budget = min(
+                    self._gen.params.max_tokens - output_tokens,
+                    self._source.context_length - len(prompt),
+                )
+                if budget < 1:
+                    finish = "length"
+                    break
+                params = dataclasses.replace(self._gen.params, max_tokens=budget)
+                round_stats = GenerationStats()
+                generated: list[int] = []
+                try:
+                    finish, error = await self._round(prompt, params, round_stats, generated)
+                finally:
+                    output_tokens += len(generated)
+                    _add_stats(stats, round_stats, len(prompt))
+                if finish != "stop":
+                    break
+                more = await decoder.follow_up()
+                if more is None:
+                    break
+                prompt = [*prompt, *generated, *more]
+        except asyncio.CancelledError:
+            finish = "cancelled"
+        except Exception as exc:  # a tool runner failed: this response fails, nothing else
+            finish, error = "error", f"{type(exc).__name__}: {exc}"
+        try:
+            decoder.finish(cut=finish != "stop")  # what is still open was cut off
+            usage = build_usage(
+                stats,
+                prompt_tokens=len(self._gen.prompt_ids),
+                output_tokens=output_tokens,
+                reasoning_tokens=decoder.reasoning_tokens,
+            )
+            if finish == "stop":
+                b.finish("completed", usage)
+            elif finish == "length":
+                b.finish("incomplete", usage, incomplete_reason="max_output_tokens")
+            elif finish == "cancelled":
+                b.finish("cancelled", usage)
+            else:
+                b.finish("failed", usage, error=error)
+        finally:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await decoder.aclose()
+            self.done.set()
+            self._append_nothing()
+
+    async def _round(
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        stats: GenerationStats,
+        generated: list[int],
+    ) -> tuple[str, str | None]:
+        """One engine request; feeds the decoder, fills ``generated``; (finish, error)."""
+        finish, error = "stop", None
+        steps = self._source.generate(prompt, params, stats)
+        try:
+            async for step in steps:
+                logprobs = step.logprobs or ()
+                for i, token in enumerate(step.token_ids):
+                    generated.append(token)
+                    self.decoder.feed(token, logprobs[i] if i < len(logprobs) else None)
+                if step.finish_reason is not None:
+                    finish, error = step.finish_reason, step.error
+                    break
+                if self.decoder.stop:
+                    break  # one call was asked for and it is complete
+        except Exception as exc:  # the engine failed: this response fails, nothing else
+            finish, error = "error", f"{type(exc).__name__}: {exc}"
+        finally:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await steps.aclose()  # type: ignore[attr-defined]
+        return finish, error
+
+    def _append_nothing(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+
+def _add_stats(total: GenerationStats, one: GenerationStats, prompt_tokens: int) -> None:
+    """Usage over rounds: every round's prompt is input again (most of it cached), as OpenAI
+    counts a response that called built-in tools."""
+    total.prompt_tokens += one.prompt_tokens or prompt_tokens
+    total.cached_tokens += one.cached_tokens
+    total.output_tokens += one.output_tokens
+    if total.first_token_time is None:
+        total.first_token_time = one.first_token_time

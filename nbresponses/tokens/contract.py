@@ -1,0 +1,83 @@
+"""The engine's contract: what a request asks for and what it gets back, token by token.
+
+These types are the only thing the `formats` and `responses` layers know about the engine, so a
+scripted token source (tests) and the real ONNX Runtime engine are interchangeable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request picks its tokens. ``temperature == 0`` means greedy."""
+
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = no top-k cut
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    logprobs: bool = False  # compute the chosen token's logprob
+    top_logprobs: int = 0  # 0..20 alternatives from the full-vocabulary log-softmax
+
+
+@dataclass(frozen=True)
+class TokenIdLogprob:
+    """The chosen token's logprob and its top alternatives (token id, logprob), best first."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one request gets from one decode step (or the last, with a finish reason).
+
+    ``token_ids`` are the tokens generated in this step (usually one; none on a pure finish).
+    ``logprobs`` has one entry per token when the request asked for logprobs, else None.
+    ``finish_reason`` is set on the last step only; ``error`` carries the message when it is
+    "error".
+    """
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[TokenIdLogprob, ...] | None = None
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+
+
+@dataclass
+class GenerationStats:
+    """Counts a request's consumer needs for usage reporting; filled in as the request runs."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose KV was reused from an earlier request
+    output_tokens: int = 0
+    first_token_time: float | None = None  # time.perf_counter() when the first token was ready
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+@runtime_checkable
+class TokenSource(Protocol):
+    """Anything that turns prompt token ids into a stream of steps: the engine or a script."""
+
+    @property
+    def eos_token_ids(self) -> Sequence[int]: ...
+
+    @property
+    def context_length(self) -> int: ...
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        stats: GenerationStats | None = None,
+    ) -> AsyncIterator[Step]:
+        """Stream the steps of one request. Cancelling the consuming task frees its batch row."""
+        ...
