@@ -41,3 +41,4 @@ test-fast: install
 
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+	$(BIN)/lint-imports

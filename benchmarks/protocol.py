@@ -31,11 +31,11 @@ async def raw(engine: Engine, tokens: int, top: int) -> float:
         temperature=0,
         logprobs=top > 0,
         top_logprobs=top,
-        stop_token_ids=tuple(engine.token_engine.eos_token_ids),
+        stop_token_ids=tuple(engine.generator.eos_token_ids),
     )
     stats = GenerationStats()
     start = time.perf_counter()
-    async for _ in engine.token_engine.generate(prompt, params, stats):
+    async for _ in engine.generator.generate(prompt, params, stats):
         pass
     return (time.perf_counter() - start) / stats.output_tokens
 

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import httpx2
 from test_server_helpers import MODEL, ThreadedServer, scripted
 
-from nbresponses.server.inprocess import openai_client
+from nbresponses.server.inprocess import InProcessServer
 
 
 def load_tokenizer():
@@ -52,7 +52,7 @@ async def timed(fn, *args) -> tuple[float, int]:
 async def per_event(tokenizer, tokens: int, rounds: int) -> None:
     text = " ".join(["tok"] * tokens)
     client, _ = scripted(tokenizer, text)
-    in_process = openai_client(client)
+    in_process = InProcessServer(client).openai()
     with ThreadedServer(client) as server:
         http = server.openai(http_client=httpx2.AsyncClient(timeout=60))
         # warm-up

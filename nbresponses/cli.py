@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from nbresponses.models.errors import ModelError
 
@@ -143,9 +144,46 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    from nbresponses.server.serve import serve
+def serve(
+    model: str | None = None,
+    quantization: str | None = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    api_key: str | None = None,
+    cache_dir: str | None = None,
+    **server_options: Any,
+) -> None:
+    """Serve ``model`` (default: the bundled one) at ``http://HOST:PORT/v1`` until interrupted;
+    the engine closes after the server drained."""
+    import asyncio
+    import os
 
+    from nbresponses.engine import Engine
+    from nbresponses.server.serve import is_loopback, make_server
+
+    api_key = api_key or os.environ.get("NBRESPONSES_API_KEY") or None
+    if not is_loopback(host) and api_key is None:
+        print(
+            f"warning: serving on {host} without an API key: anyone who can reach this "
+            "address can use the model (set --api-key or NBRESPONSES_API_KEY).",
+            file=sys.stderr,
+        )
+
+    async def run() -> None:
+        engine = await Engine.load(model, quantization, cache_dir=cache_dir)
+        try:
+            server = make_server(
+                engine.client(), host=host, port=port, api_key=api_key, **server_options
+            )
+            await server.serve()
+        finally:
+            await engine.aclose()
+
+    asyncio.run(run())
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
     serve(
         args.model,
         args.quantization,

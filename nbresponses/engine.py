@@ -6,13 +6,17 @@ place that puts them together, so neither has to import the other.
 
 from __future__ import annotations
 
+import asyncio
 import html
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nbresponses.models.prepared import PreparedModel
 from nbresponses.runtime.generator import TokenGenerator
 from nbresponses.service.client import AsyncResponsesClient
+
+if TYPE_CHECKING:
+    from nbresponses.server.inprocess import InProcessServer
 
 
 class Engine:
@@ -23,11 +27,12 @@ class Engine:
     >>> r = await client.responses.create(input="Hi!")   # an openai Response
     """
 
-    def __init__(self, token_engine: TokenGenerator, **client_options: Any) -> None:
-        self.token_engine = token_engine
+    def __init__(self, generator: TokenGenerator, **client_options: Any) -> None:
+        self.generator = generator
+        self._inprocess: InProcessServer | None = None
         self._client = AsyncResponsesClient(
-            token_engine,
-            token_engine.tokenizer,
+            generator,
+            generator.tokenizer,
             model=self.model,
             config=self.prepared.config,
             **client_options,
@@ -52,18 +57,18 @@ class Engine:
         ``engine_options`` go to the token engine (``max_batch_size``,
         ``kv_budget_bytes``, ``prefix_cache_bytes``, ``threads``).
         """
-        token_engine = await TokenGenerator.load(
+        generator = await TokenGenerator.load(
             model, quantization, cache_dir=cache_dir, progress=progress, **engine_options
         )
         return cls(
-            token_engine,
+            generator,
             store_max_responses=store_max_responses,
             store_max_bytes=store_max_bytes,
         )
 
     @property
     def prepared(self) -> PreparedModel:
-        return self.token_engine.prepared
+        return self.generator.prepared
 
     @property
     def model(self) -> str:
@@ -72,7 +77,7 @@ class Engine:
 
     @property
     def tokenizer(self) -> Any:
-        return self.token_engine.tokenizer
+        return self.generator.tokenizer
 
     def client(self) -> AsyncResponsesClient:
         """The Responses API on this engine; ``client.responses`` mirrors the openai SDK's.
@@ -89,13 +94,17 @@ class Engine:
         Shares ``client()``'s store; streams arrive as they are generated. See
         ``nbresponses.server.inprocess``.
         """
-        from nbresponses.server.inprocess import openai_client
+        if self._inprocess is None:
+            from nbresponses.server.inprocess import InProcessServer
 
-        return openai_client(self._client, sync=sync, **options)
+            self._inprocess = InProcessServer(self._client)
+        return self._inprocess.openai(sync=sync, **options)
 
     async def aclose(self) -> None:
         """Stop the decode thread; unfinished requests end as cancelled."""
-        await self.token_engine.aclose()
+        if self._inprocess is not None:
+            await asyncio.to_thread(self._inprocess.close)
+        await self.generator.aclose()
 
     close = aclose
 
@@ -114,7 +123,7 @@ class Engine:
             "recipe": self.prepared.recipe,
             "size": f"{self.prepared.size_bytes / 1e6:.0f} MB",
             "fidelity vs fp32": self.prepared.fidelity_summary(),
-            "context": f"{self.token_engine.context_length} tokens",
+            "context": f"{self.generator.context_length} tokens",
             "folder": str(self.prepared.path),
         }
         body = "".join(

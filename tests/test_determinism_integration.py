@@ -118,7 +118,7 @@ async def test_every_door_of_the_api_gives_the_same_numbers(bundled_model, token
             **{**request, "input": follow}, previous_response_id=seen["create"].id
         )
         assert _numbers(chained) == _numbers(reference_turn), "previous_response_id"
-        await engine.token_engine.wait_idle()
+        await engine.generator.wait_idle()
         chained = await client.responses.create(
             **{**request, "input": follow}, previous_response_id=seen["create"].id
         )

@@ -112,6 +112,9 @@ def make_client(
     source = ScriptedTokenSource(
         list(scripts), eos_token_ids=GPT_OSS_EOS, context_length=kw.pop("context_length", 8192)
     )
+    options = {k: kw.pop(k) for k in ("browser", "python_timeout", "max_tool_calls") if k in kw}
+    if options:  # harmony's own options: given by constructing the family
+        kw["family"] = HarmonyFamily(enc, eos_token_ids=GPT_OSS_EOS, **options)
     client = AsyncResponsesClient(
         source, None, model="gpt-oss-tiny", config={"model_type": "gpt_oss"}, **kw
     )
@@ -184,7 +187,7 @@ async def test_analysis_call_then_output_and_final_through_a_chain(enc: HarmonyE
     client, source = make_client(
         enc, first_ids, generated(enc, answer), generated(enc, final("Sunny, too."))
     )
-    assert isinstance(client.format, HarmonyFamily)
+    assert isinstance(client.family, HarmonyFamily)
 
     events = await stream_events(client, input="Weather in Paris?", tools=[WEATHER])
     first = folds_to(events)
@@ -412,7 +415,7 @@ async def test_web_search_needs_a_backend_and_chat_models_refuse_built_ins(
         await client.responses.create(input="x", tools=[WEATHER], tool_choice="required")
     assert err.value.param == "tool_choice"
     chat = AsyncResponsesClient(ScriptedTokenSource([[1]]), tokenizer, model="smollm2")
-    assert isinstance(chat.format, ChatFamily)
+    assert isinstance(chat.family, ChatFamily)
     for kwargs, param in [
         ({"tools": [WEATHER, PYTHON]}, "tools[1]"),
         (
@@ -485,12 +488,14 @@ async def test_tokens_outside_assistant_messages_count_in_usage_only(
     assert r.usage.output_tokens == len(script)
 
 
-async def test_format_detection() -> None:
+async def test_family_detection() -> None:
     source = ScriptedTokenSource([[1]])
-    with pytest.raises(ValueError, match="browser"):
-        AsyncResponsesClient(source, object(), model="m", format="chat", browser=FakeBackend())
-    explicit = AsyncResponsesClient(source, None, model="m", format="harmony")
-    assert isinstance(explicit.format, HarmonyFamily)
+    with pytest.raises(ValueError, match="tokenizer"):
+        AsyncResponsesClient(source, None, model="m", family="chat")
+    explicit = AsyncResponsesClient(source, None, model="m", family="harmony")
+    assert isinstance(explicit.family, HarmonyFamily)
+    given = HarmonyFamily(browser=FakeBackend())
+    assert AsyncResponsesClient(source, None, model="m", family=given).family is given
 
 
 PIECES = [

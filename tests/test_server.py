@@ -251,10 +251,11 @@ async def test_input_items_delete_and_not_found(tokenizer, kind):
 async def test_sync_and_async_in_process_clients_share_runs(tokenizer):
     """A background run made by the sync client (its own loop thread) is followed, cancelled
     and deleted from the async client on this loop, and the other way round."""
-    from nbresponses.server.inprocess import openai_client
+    from nbresponses.server.inprocess import InProcessServer
 
     client, source = scripted(tokenizer, " ".join(["word"] * 40), delay=0.01)
-    sync, aio = openai_client(client, sync=True), openai_client(client)
+    server = InProcessServer(client)
+    sync, aio = server.openai(sync=True), server.openai()
     bg = await asyncio.to_thread(sync.responses.create, model=MODEL, input="x", background=True)
     events = [e async for e in await aio.responses.retrieve(bg.id, stream=True)]
     assert events[-1].type == "response.completed" and events[0].sequence_number == 0
@@ -270,10 +271,11 @@ async def test_sync_and_async_in_process_clients_share_runs(tokenizer):
 async def test_sync_call_on_the_loop_it_blocks_is_a_clean_400(tokenizer):
     """A notebook cell calling the sync client while this loop generates the run it asks for
     would deadlock; it gets a 400 naming the way out instead."""
-    from nbresponses.server.inprocess import openai_client
+    from nbresponses.server.inprocess import InProcessServer
 
     client, _ = scripted(tokenizer, " ".join(["word"] * 200), delay=0.02)
-    aio, sync = openai_client(client), openai_client(client, sync=True)
+    server = InProcessServer(client)
+    aio, sync = server.openai(), server.openai(sync=True)
     bg = await aio.responses.create(model=MODEL, input="x", background=True)
     with pytest.raises(openai.BadRequestError) as err:
         list(sync.responses.retrieve(bg.id, stream=True))  # called on this loop's thread

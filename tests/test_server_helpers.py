@@ -13,7 +13,7 @@ from typing import Any
 import httpx2
 import openai
 
-from nbresponses.server.inprocess import openai_client
+from nbresponses.server.inprocess import InProcessServer
 from nbresponses.server.serve import make_server
 from nbresponses.service.client import AsyncResponsesClient
 from nbresponses.tokens.contract import GenerationStats, SamplingParams, Step
@@ -135,6 +135,7 @@ class Target:
         self.kind = kind
         self.client = client
         self.server = ThreadedServer(client) if kind == "http" else None
+        self.inprocess = InProcessServer(client)
 
     def __enter__(self) -> Target:
         if self.server is not None:
@@ -144,11 +145,12 @@ class Target:
     def __exit__(self, *exc: object) -> None:
         if self.server is not None:
             self.server.stop()
+        self.inprocess.close()
 
     def openai(self, *, sync: bool = False, **options: Any) -> Any:
         if self.server is not None:
             return self.server.openai(sync=sync, **options)
-        return openai_client(self.client, sync=sync, **options)
+        return self.inprocess.openai(sync=sync, **options)
 
 
 async def eventually(check: Any, timeout: float = 10.0) -> None:

@@ -98,9 +98,9 @@ def test_serve_command_line(monkeypatch):
         "k",
     )
     seen = {}
-    import nbresponses.server.serve as serve_module
+    import nbresponses.cli as cli_module
 
-    monkeypatch.setattr(serve_module, "serve", lambda *a, **kw: seen.update(args=a, **kw))
+    monkeypatch.setattr(cli_module, "serve", lambda *a, **kw: seen.update(args=a, **kw))
     assert COMMANDS["serve"](args) == 0
     assert seen["args"] == ("tiny", "fp32") and seen["port"] == 9001 and seen["api_key"] == "k"
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")

@@ -5,7 +5,9 @@ and sentencepiece tokenizers drop or add spaces depending on the neighbours. The
 method (as in vLLM and TGI) decodes a short window before and after the new token and emits the
 difference once it no longer ends in the replacement character.
 
-It lives in ``formats`` because the engine speaks only token ids (see ``engine/types.py``).
+Token bytes (a token's display string and raw bytes, for logprobs) and the conversion of the
+engine's id-based logprobs to the protocol's live here too: families know tokenizers, the engine
+speaks only token ids (``tokens/contract.py``) and the protocol only strings.
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
+
+from nbresponses.protocol.events import TokenLogprob
+from nbresponses.tokens.contract import TokenIdLogprob
 
 _REPLACEMENT = "\ufffd"
 
@@ -127,3 +132,10 @@ def _is_byte_level(tokenizer: Any) -> bool:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     decoder = getattr(backend, "decoder", None)
     return decoder is not None and "ByteLevel" in repr(decoder)
+
+
+def protocol_logprob(lp: TokenIdLogprob, token_bytes: CachedTokenBytes) -> TokenLogprob:
+    """An engine logprob (token ids) in protocol terms: display strings and bytes."""
+    token, raw = token_bytes.get(lp.token_id)
+    top = [(*token_bytes.get(t), v) for t, v in lp.top]
+    return TokenLogprob(token=token, bytes=raw, logprob=float(lp.logprob), top=top)

@@ -59,7 +59,6 @@ from openai.types.responses.response import IncompleteDetails
 from openai.types.responses.response_reasoning_item import Content
 
 from nbresponses.protocol.ids import new_id
-from nbresponses.tokens.contract import TokenIdLogprob
 
 ItemStatus = Literal["completed", "incomplete"]
 ToolStatus = Literal["completed", "incomplete", "failed"]
@@ -75,13 +74,6 @@ class TokenLogprob:
     bytes: list[int]
     logprob: float
     top: list[tuple[str, list[int], float]]
-
-    @classmethod
-    def from_engine(cls, lp: TokenIdLogprob, token_bytes: Any) -> TokenLogprob:
-        """From the engine's ids; ``token_bytes.get(id)`` gives (display string, bytes)."""
-        token, raw = token_bytes.get(lp.token_id)
-        top = [(*token_bytes.get(t), v) for t, v in lp.top]
-        return cls(token=token, bytes=raw, logprob=float(lp.logprob), top=top)
 
     def for_output(self) -> output_text.Logprob:
         tops = [output_text.LogprobTopLogprob(token=t, bytes=b, logprob=v) for t, b, v in self.top]

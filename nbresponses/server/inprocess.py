@@ -1,11 +1,11 @@
-"""``openai_client(client)``: the real openai SDK, wired to a local client with no socket.
+"""``InProcessServer(client).openai()``: the real openai SDK, wired to a local client, no socket.
 
 The SDK talks HTTP to our ASGI app through a streaming in-process transport, so everything a
 program does against OpenAI — ``create``, ``stream()`` and its accumulator, ``retrieve`` with
 ``starting_after``, ``cancel``, ``delete``, ``input_items.list``, the error classes — runs
 through the SDK's own code paths unchanged, and streamed events arrive as they are generated.
 
-Both kinds share one app per local client, hence one response store. The async client runs the
+Both kinds share the server's one app, hence one response store. The async client runs the
 app on the calling loop (the notebook's, like ``engine.client()``); the sync client runs it on
 a background loop thread, because its call blocks the calling thread. Stored and background
 responses are shared across the two (calls are carried to the loop that owns a run); the one
@@ -30,50 +30,50 @@ from nbresponses.server.transport import ASGIStreamTransport, SyncASGIStreamTran
 from nbresponses.service.client import AsyncResponsesClient
 
 BASE_URL = "http://nbresponses.local/v1"
-_lock = threading.Lock()
 
 
-def app_for(client: AsyncResponsesClient) -> Starlette:
-    """The one in-process app of ``client`` (made on first use, kept on the client)."""
-    with _lock:
-        app = client.__dict__.get("_nbr_inprocess_app")
-        if app is None:
-            app = client.__dict__["_nbr_inprocess_app"] = create_app(client)
-        return app
+class InProcessServer:
+    """One local client's ASGI app, which openai SDK clients reach with no socket.
 
-
-def loop_thread_for(client: AsyncResponsesClient) -> LoopThread:
-    """The background loop thread that serves ``client``'s sync SDK clients (stopped with it)."""
-    with _lock:
-        thread = client.__dict__.get("_nbr_loop_thread")
-        if thread is None or thread.loop.is_closed():
-            thread = client.__dict__["_nbr_loop_thread"] = LoopThread(f"nbresponses-{client.model}")
-            weakref.finalize(client, thread.close, 1.0)
-        return thread
-
-
-@overload
-def openai_client(
-    client: AsyncResponsesClient, *, sync: Literal[False] = False, **options: Any
-) -> openai.AsyncOpenAI: ...
-@overload
-def openai_client(
-    client: AsyncResponsesClient, *, sync: Literal[True], **options: Any
-) -> openai.OpenAI: ...
-def openai_client(
-    client: AsyncResponsesClient, *, sync: bool = False, **options: Any
-) -> openai.AsyncOpenAI | openai.OpenAI:
-    """An ``openai.AsyncOpenAI`` (or ``openai.OpenAI`` with ``sync=True``) served by ``client``.
-
-    ``options`` go to the SDK client (``timeout``, ``default_headers``...). Retries default to
-    0: a local error will not go away by asking again.
+    Every SDK client it makes shares the app, hence one response store; the sync ones share
+    one background loop thread, made on first use and stopped by ``close()``.
     """
-    options.setdefault("api_key", "nbresponses-local")
-    options.setdefault("base_url", BASE_URL)
-    options.setdefault("max_retries", 0)
-    app = app_for(client)
-    if sync:
-        transport = SyncASGIStreamTransport(app, loop_thread_for(client))
-        return openai.OpenAI(http_client=httpx2.Client(transport=transport), **options)
-    http = httpx2.AsyncClient(transport=ASGIStreamTransport(app))
-    return openai.AsyncOpenAI(http_client=http, **options)
+
+    def __init__(self, client: AsyncResponsesClient) -> None:
+        self.client = client
+        self.app: Starlette = create_app(client)
+        self._thread: LoopThread | None = None
+        self._lock = threading.Lock()
+
+    def _loop_thread(self) -> LoopThread:
+        with self._lock:
+            if self._thread is None or self._thread.loop.is_closed():
+                self._thread = LoopThread(f"nbresponses-{self.client.model}")
+                weakref.finalize(self, self._thread.close, 1.0)
+            return self._thread
+
+    @overload
+    def openai(self, *, sync: Literal[False] = False, **options: Any) -> openai.AsyncOpenAI: ...
+    @overload
+    def openai(self, *, sync: Literal[True], **options: Any) -> openai.OpenAI: ...
+    def openai(self, *, sync: bool = False, **options: Any) -> openai.AsyncOpenAI | openai.OpenAI:
+        """An ``openai.AsyncOpenAI`` (or ``openai.OpenAI`` with ``sync=True``) served here.
+
+        ``options`` go to the SDK client (``timeout``, ``default_headers``...). Retries
+        default to 0: a local error will not go away by asking again.
+        """
+        options.setdefault("api_key", "nbresponses-local")
+        options.setdefault("base_url", BASE_URL)
+        options.setdefault("max_retries", 0)
+        if sync:
+            transport = SyncASGIStreamTransport(self.app, self._loop_thread())
+            return openai.OpenAI(http_client=httpx2.Client(transport=transport), **options)
+        http = httpx2.AsyncClient(transport=ASGIStreamTransport(self.app))
+        return openai.AsyncOpenAI(http_client=http, **options)
+
+    def close(self) -> None:
+        """Stop the sync clients' loop thread (what still runs there is cancelled)."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.close()

@@ -4,7 +4,7 @@ A ``ResponseRun`` belongs to the event loop that started it (its task and ``asyn
 The async in-process client serves requests on the caller's loop (the notebook's); the sync
 client cannot — its call blocks that very loop's thread — so it serves on a ``LoopThread``.
 A request that touches a run owned by the other loop (follow, cancel, delete, snapshot) is
-carried over to the owner with ``on_owner``. The one thing that cannot work is a sync call
+carried over to the owner with ``on_loop``. The one thing that cannot work is a sync call
 from the notebook's thread waiting on a run the notebook's loop is generating: that loop is
 blocked by the call itself, so the request names the loop it blocks (``BLOCKED``) and gets a
 clean 400 instead of a deadlock.
@@ -19,7 +19,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from nbresponses.server.errors import HTTPError
-from nbresponses.service.run import ResponseRun
 
 T = TypeVar("T")
 
@@ -63,21 +62,20 @@ class LoopThread:
             self.loop.close()
 
 
-def owner(run: ResponseRun) -> asyncio.AbstractEventLoop | None:
-    """The loop the run's generation task lives on."""
-    return run.task.get_loop() if run.task is not None else None
-
-
 def foreign(
-    run: ResponseRun, blocked: asyncio.AbstractEventLoop | None, *, read_only: bool = False
+    response_id: str,
+    loop: asyncio.AbstractEventLoop | None,
+    blocked: asyncio.AbstractEventLoop | None,
+    *,
+    read_only: bool = False,
 ) -> asyncio.AbstractEventLoop | None:
-    """The run's loop when a call must be carried there; None when it is safe to call here.
+    """The loop a call about a response must be carried to; None when it is safe to call here.
 
-    A finished run is only read, which is safe from any thread; so is a run whose loop is not
-    running (closed, stopped, or blocked by this very call), since nothing touches it meanwhile.
+    ``loop`` is the one generating the response (None once it finished: a finished response
+    is only read, which is safe from any thread). So is a response whose loop is not running
+    (closed, stopped, or blocked by this very call), since nothing touches it meanwhile.
     """
-    loop = owner(run)
-    if loop is None or run.done.is_set() or loop.is_closed() or not loop.is_running():
+    if loop is None or loop.is_closed() or not loop.is_running():
         return None
     try:
         here = asyncio.get_running_loop()
@@ -90,8 +88,8 @@ def foreign(
             return None
         raise HTTPError(
             400,
-            f"Response '{run.id}' is being generated on the event loop this synchronous call "
-            "blocks. Follow it with the async client (engine.openai()) instead.",
+            f"Response '{response_id}' is being generated on the event loop this synchronous "
+            "call blocks. Follow it with the async client (engine.openai()) instead.",
             param="response_id",
             code="blocked_event_loop",
         )

@@ -178,11 +178,9 @@ class ResponsesAPI:
         self, request: Request, response_id: str, *, read_only: bool = False
     ) -> asyncio.AbstractEventLoop | None:
         """The loop to carry a call about ``response_id`` to (None: call it here)."""
-        record = self.client.store.get(response_id)
-        if record is None:
-            return None  # the client answers 404
         blocked = request.scope.get("extensions", {}).get(BLOCKED)
-        return foreign(record.run, blocked, read_only=read_only)
+        loop = self.client.responses.generating_on(response_id)  # None: finished or unknown
+        return foreign(response_id, loop, blocked, read_only=read_only)
 
     # -- routes -----------------------------------------------------------------------------
 
@@ -294,17 +292,14 @@ class ResponsesAPI:
     def _track(self, response_id: str) -> None:
         """Remember a background response until it ends (for ``drain``); forget finished ones."""
         for known in list(self._background):
-            record = self.client.store.get(known)
-            if record is None or record.run.done.is_set():
+            if not self.client.responses.running(known):
                 self._background.discard(known)
         self._background.add(response_id)
 
     def _busy(self) -> bool:
-        background = (self.client.store.get(i) for i in list(self._background))
+        responses = self.client.responses
         return bool(
-            self._streams
-            or self._work
-            or any(r is not None and not r.run.done.is_set() for r in background)
+            self._streams or self._work or any(map(responses.running, list(self._background)))
         )
 
     async def drain(self, grace: float = 10.0, poll: float = 0.05) -> None:
@@ -322,9 +317,7 @@ class ResponsesAPI:
         for stream in list(self._streams):
             await stream.cancel()
         for response_id in list(self._background):
-            record = self.client.store.get(response_id)
-            if record is not None and not record.run.done.is_set():
-                record.run.cancel()
-                await record.run.wait()
+            if self.client.responses.running(response_id):
+                await self.client.responses.cancel(response_id)
         while self._busy() and time.monotonic() < deadline + grace:
             await asyncio.sleep(poll)  # let the streams send their last events

@@ -1,18 +1,16 @@
-"""``nbresponses serve``: the Responses API over HTTP on uvicorn, loopback by default.
+"""The Responses API over HTTP on uvicorn: ``make_server(client)``, loopback by default.
 
-``run_server`` serves any ``AsyncResponsesClient`` (tests use a scripted one); ``serve`` loads
-an ``nbr.Engine`` first. On Ctrl-C / SIGTERM the server stops taking requests (503), lets the
-responses in flight finish for ``grace`` seconds, cancels what remains (streaming clients read
-the open items closed and a clean end of stream), then closes connections and the engine.
+It serves any ``AsyncResponsesClient`` (tests use a scripted one); the ``nbresponses serve``
+command (``cli.py``) loads a model first. On Ctrl-C / SIGTERM the server stops taking requests
+(503), lets the responses in flight finish for ``grace`` seconds, cancels what remains
+(streaming clients read the open items closed and a clean end of stream), then closes
+connections.
 """
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
-import os
 import socket
-import sys
 from typing import Any
 
 import uvicorn
@@ -67,40 +65,3 @@ def make_server(
         **uvicorn_options,
     )
     return Server(config, app.state.api, grace)
-
-
-async def serve_async(
-    model: str | None = None,
-    quantization: str | None = None,
-    *,
-    cache_dir: str | None = None,
-    **server_options: Any,
-) -> None:
-    """Load the engine, serve it until interrupted, then close the engine."""
-    from nbresponses.engine import Engine
-
-    engine = await Engine.load(model, quantization, cache_dir=cache_dir)
-    try:
-        await make_server(engine.client(), **server_options).serve()
-    finally:
-        await engine.aclose()
-
-
-def serve(
-    model: str | None = None,
-    quantization: str | None = None,
-    *,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    api_key: str | None = None,
-    **options: Any,
-) -> None:
-    """Serve ``model`` (default: the bundled one) at ``http://HOST:PORT/v1``; blocks."""
-    api_key = api_key or os.environ.get("NBRESPONSES_API_KEY") or None
-    if not is_loopback(host) and api_key is None:
-        print(
-            f"warning: serving on {host} without an API key: anyone who can reach this "
-            "address can use the model (set --api-key or NBRESPONSES_API_KEY).",
-            file=sys.stderr,
-        )
-    asyncio.run(serve_async(model, quantization, host=host, port=port, api_key=api_key, **options))

@@ -17,7 +17,8 @@ from openai.types.responses import Response, ResponseItemList
 from openai.types.responses.response_text_config import ResponseTextConfig
 from openai.types.shared.response_format_text import ResponseFormatText
 
-from nbresponses.families.base import Family, FamilyName, select_family
+from nbresponses.families.base import Family
+from nbresponses.families.registry import FamilyName, select_family
 from nbresponses.protocol.errors import bad_request, response_not_found, unsupported
 from nbresponses.protocol.ids import new_id
 from nbresponses.protocol.request import CreateRequest, given, parse_create
@@ -32,13 +33,11 @@ TERMINAL = ("completed", "incomplete", "failed", "cancelled")
 class AsyncResponsesClient:
     """A local stand-in for ``openai.AsyncOpenAI`` with the Responses API only.
 
-    ``format`` says how the model reads and writes tokens: "auto" (gpt-oss when ``config`` has
+    ``family`` says how the model reads and writes tokens: "auto" (gpt-oss when ``config`` has
     ``model_type == "gpt_oss"`` or the tokenizer knows harmony's tokens, else the tokenizer's
-    chat template), "chat", "harmony", or a ``Family`` object. gpt-oss models also get
-    built-in tools: python (when a request lists ``{"type": "code_interpreter"}``; it runs in
-    a ``PythonSandbox`` with ``python_timeout`` per cell) and, when ``browser`` is a
-    ``BrowserBackend``, the browser (``{"type": "web_search"}``). ``max_tool_calls`` bounds
-    the built-in calls of one response (a request may ask for fewer).
+    chat template), "chat", "harmony", or a ``Family`` object. Options of one family are given
+    by constructing it: gpt-oss's built-in tools (a python sandbox, a browser backend, their
+    limits) with ``HarmonyFamily(browser=..., python_timeout=..., max_tool_calls=...)``.
     """
 
     def __init__(
@@ -47,26 +46,15 @@ class AsyncResponsesClient:
         tokenizer: Any,
         *,
         model: str,
-        format: FamilyName | Family = "auto",
+        family: FamilyName | Family = "auto",
         config: Any = None,
-        browser: Any = None,
-        python_timeout: float = 120.0,
-        max_tool_calls: int = 16,
         store_max_responses: int = 1000,
         store_max_bytes: int = 64 * 2**20,
     ) -> None:
         self.source = source
         self.tokenizer = tokenizer
         self.model = model
-        self.format = select_family(
-            format,
-            source=source,
-            tokenizer=tokenizer,
-            config=config,
-            browser=browser,
-            python_timeout=python_timeout,
-            max_tool_calls=max_tool_calls,
-        )
+        self.family = select_family(family, source=source, tokenizer=tokenizer, config=config)
         self.store = ResponseStore(store_max_responses, store_max_bytes)
         self.responses = AsyncResponses(self)
 
@@ -158,8 +146,8 @@ class AsyncResponses:
                 )
             context = parent.history()
         history = [*context, *req.input]
-        client.format.check(req, history)
-        prompt = client.format.render(req, history)
+        client.family.check(req, history)
+        prompt = client.family.render(req, history)
         room = client.source.context_length - len(prompt.ids)
         if room < 1:
             raise bad_request(
@@ -219,6 +207,21 @@ class AsyncResponses:
             truncation="disabled",
             **req.echoed,
         )
+
+    # -- what a server needs to know -----------------------------------------------------
+
+    def running(self, response_id: str) -> bool:
+        """True while a stored response is still being generated."""
+        record = self._client.store.get(response_id)
+        return record is not None and not record.run.done.is_set()
+
+    def generating_on(self, response_id: str) -> asyncio.AbstractEventLoop | None:
+        """The event loop generating a stored response (None once it finished, or unknown):
+        calls that touch it from another thread are carried there."""
+        record = self._client.store.get(response_id)
+        if record is None or record.run.done.is_set() or record.run.task is None:
+            return None
+        return record.run.task.get_loop()
 
     # -- retrieve, cancel, delete ---------------------------------------------------------
 

@@ -127,9 +127,11 @@ class ResponseRun:
             finish, error = "error", f"{type(exc).__name__}: {exc}"
         try:
             decoder.finish(cut=finish != "stop")  # what is still open was cut off
+            # Output is counted from the steps received (exact when the engine stops early);
+            # input falls back to the rendered prompt's length if the engine did not say.
             usage = build_usage(
-                stats,
-                prompt_tokens=len(self._gen.prompt_ids),
+                input_tokens=stats.prompt_tokens or len(self._gen.prompt_ids),
+                cached_tokens=stats.cached_tokens,
                 output_tokens=output_tokens,
                 reasoning_tokens=decoder.reasoning_tokens,
             )

@@ -18,7 +18,7 @@ from nbresponses.families.base import RenderedPrompt
 from nbresponses.families.chat.messages import to_chat
 from nbresponses.families.chat.parser import Delta, End, Event, Start, StreamParser
 from nbresponses.families.chat.template import TemplateCapabilities, render, tool_schema
-from nbresponses.families.text import IncrementalDetokenizer, TokenBytes
+from nbresponses.families.text import IncrementalDetokenizer, TokenBytes, protocol_logprob
 from nbresponses.protocol.errors import bad_request, unsupported
 from nbresponses.protocol.events import EventBuilder, TokenLogprob
 from nbresponses.protocol.items import BUILTIN_ITEMS
@@ -113,7 +113,7 @@ class ChatDecoder:
     def feed(self, token_id: int, logprob: TokenIdLogprob | None) -> None:
         if token_id in self._eos:
             return  # counted in usage, never shown
-        lp = TokenLogprob.from_engine(logprob, self._bytes) if logprob is not None else None
+        lp = protocol_logprob(logprob, self._bytes) if logprob is not None else None
         self._pending.append((len(self._detok.text), lp))
         text = self._detok.push(token_id)
         if text:

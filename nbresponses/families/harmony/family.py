@@ -31,8 +31,9 @@ from nbresponses.families.harmony import (
     tool_result_message,
 )
 from nbresponses.families.harmony.token_bytes import HarmonyTokenBytes
+from nbresponses.families.text import protocol_logprob
 from nbresponses.protocol.errors import bad_request, unsupported
-from nbresponses.protocol.events import EventBuilder, TokenLogprob
+from nbresponses.protocol.events import EventBuilder
 from nbresponses.protocol.ids import new_id
 from nbresponses.protocol.request import OUTPUTS_INCLUDE, WEB_SEARCH, CreateRequest
 from nbresponses.tokens.contract import TokenIdLogprob
@@ -78,7 +79,7 @@ class HarmonyFamily:
             if tool.type in WEB_SEARCH and self.browser is None:
                 raise bad_request(
                     f"'tools[{i}]': web_search needs a browser backend, and this client has "
-                    "none: AsyncResponsesClient(..., browser=MyBackend()).",
+                    "none: family=HarmonyFamily(browser=MyBackend()).",
                     param=f"tools[{i}]",
                 )
 
@@ -229,7 +230,7 @@ class HarmonyDecoder:
         if ev.kind == "reasoning":
             b.reasoning_delta(ev.text)
         elif ev.kind == "text":
-            lps = [TokenLogprob.from_engine(lp, self._bytes) for lp in ev.logprobs or ()]
+            lps = [protocol_logprob(lp, self._bytes) for lp in ev.logprobs or ()]
             b.text_delta(ev.text, lps)
         elif ev.kind == "function_call":
             b.arguments_delta(ev.text)

@@ -3,7 +3,7 @@
 The harmony encoding decodes whole sequences; a single token that holds part of a UTF-8
 character has no string of its own, so its raw bytes are read from the o200k vocabulary file
 harmony itself loaded (``TIKTOKEN_ENCODINGS_BASE``). Such a token is displayed as
-``bytes:\\xe6\\x97`` (OpenAI's convention, as ``formats.detokenize.TokenBytes`` does).
+``bytes:\\xe6\\x97`` (OpenAI's convention, as ``families.text.TokenBytes`` does).
 """
 
 from __future__ import annotations
