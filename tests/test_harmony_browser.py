@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from openai.types.responses import ResponseFunctionWebSearch
 
-from nbresponses.tools import BrowserBackend, BrowserResult, BrowserTool
+from nbresponses.tools import BrowserBackend, BrowserResult, BrowserTool, ToolCall
 
 
 class FakeBackend:
@@ -38,13 +38,16 @@ async def test_search_open_find_flow() -> None:
     backend = FakeBackend()
     assert isinstance(backend, BrowserBackend)
     tool = BrowserTool(backend)
-    search = await tool.call("browser.search", '{"query": "gpt-oss", "topn": 3}')
+    assert (
+        BrowserTool.recipient("browser.search") == "search" and BrowserTool.recipient("x") is None
+    )
+    search = await tool.run(ToolCall("search", '{"query": "gpt-oss", "topn": 3}'))
     assert search.ok and search.text.startswith("[0] results for gpt-oss")
-    assert search.action == {"type": "search", "query": "gpt-oss"}
-    opened = await tool.call("open", '{"id": 0, "cursor": 0}')
-    assert opened.action == {"type": "open_page", "url": "https://example.com/"}
-    found = await tool.call("browser.find", '{"pattern": "Domain"}')
-    assert found.action == {
+    assert search.item["action"] == {"type": "search", "query": "gpt-oss"}
+    opened = await tool.run(ToolCall("open", '{"id": 0, "cursor": 0}'))
+    assert opened.item["action"] == {"type": "open_page", "url": "https://example.com/"}
+    found = await tool.run(ToolCall("find", '{"pattern": "Domain"}'))
+    assert found.item["action"] == {
         "type": "find_in_page",
         "pattern": "Domain",
         "url": "https://example.com/",
@@ -55,7 +58,7 @@ async def test_search_open_find_flow() -> None:
         ("find", "Domain", -1),
     ]
     for call in (search, opened, found):
-        assert web_search_item(call.action).status == "completed"
+        assert web_search_item(call.item["action"]).status == "completed"
 
 
 async def test_bad_arguments_and_backend_errors_go_back_to_the_model() -> None:
@@ -67,6 +70,17 @@ async def test_bad_arguments_and_backend_errors_go_back_to_the_model() -> None:
         ("find", '{"pattern": "boom"}'),
         ("delete", "{}"),
     ]:
-        call = await tool.call(name, args)
-        assert not call.ok and call.status == "failed" and call.action is None
-        assert call.text.startswith("Error: ")
+        answer = await tool.run(ToolCall(name, args))
+        assert not answer.ok and answer.item == {}
+        assert answer.text.startswith("Error: ")
+        # the item still gets an action: the one its arguments say, or the function's fallback
+        assert BrowserTool.opening(ToolCall(name, args))["action"]["type"] in (
+            "search", "open_page", "find_in_page"
+        )  # fmt: skip
+
+
+async def test_without_a_backend_the_model_is_told_so() -> None:
+    answer = await BrowserTool.for_response(None, backend=FakeBackend()).run(
+        ToolCall("search", '{"query": "x"}')
+    )
+    assert not answer.ok and "not enabled" in answer.text

@@ -20,6 +20,8 @@ from nbresponses.families.harmony import (
     harmony_encoding,
 )
 from nbresponses.tokens.contract import TokenIdLogprob
+from nbresponses.tools import BrowserTool, ToolCall
+from nbresponses.tools.browser import action_of
 
 WEATHER_CALL = (
     "<|channel|>analysis<|message|>User wants weather.<|end|>"
@@ -221,12 +223,13 @@ def test_browser_calls(enc: HarmonyEncoding, recipient: str, args: str, action: 
     text = f"<|channel|>analysis to={recipient} code<|message|>{args}<|call|>"
     events, _ = parse(enc, ids_of(enc, text))
     (end,) = ends(events)
-    assert (end.kind, end.name, end.valid, end.action) == (
+    assert (end.kind, end.name, end.valid, end.text) == (
         "web_search_call",
         recipient.split(".")[1],
         True,
-        action,
+        args,
     )
+    assert BrowserTool.opening(ToolCall(end.name, end.text))["action"] == action  # the tool's call
     if action.get("url") is not None:
         item = {"id": "ws_1", "status": "completed", "type": "web_search_call", "action": action}
         ResponseFunctionWebSearch.model_validate(item)
@@ -239,7 +242,10 @@ def test_bad_browser_args_and_unknown_recipients(enc: HarmonyEncoding) -> None:
     )
     events, _ = parse(enc, ids_of(enc, text))
     web, other = ends(events)
-    assert web.kind == "web_search_call" and not web.valid and web.action is None
+    assert web.kind == "web_search_call" and web.text == "{nope"  # the tool reads its arguments
+    with pytest.raises(ValueError):
+        action_of(web.name, web.text)
+    assert BrowserTool.opening(ToolCall(web.name, web.text))["action"] == {"type": "search"}
     assert other.kind == "function_call" and other.name == "container.exec" and not other.valid
     assert "unknown recipient" in (other.error or "")
 

@@ -27,10 +27,11 @@ from openai_harmony import (
 from nbresponses.families.harmony import (
     continuation_ids,
     harmony_encoding,
-    python_tool_description,
     render_request,
-    tool_result_message,
 )
+from nbresponses.tools.base import tool_message
+from nbresponses.tools.python import PythonTool
+from nbresponses.tools.python import description as python_description
 
 TODAY = date(2026, 11, 29)
 WEATHER = {
@@ -122,7 +123,7 @@ def test_single_turn_with_instructions_tools_and_effort(enc: HarmonyEncoding) ->
     assert enc.decode(prompt.token_ids).endswith("<|start|>assistant")
     assert {enc.decode([t]) for t in prompt.stop_token_ids} == {"<|return|>", "<|call|>"}
     assert prompt.function_names == ("get_weather",)
-    assert not prompt.python and not prompt.browser
+    assert prompt.builtin == ()
 
 
 def test_plain_request_has_no_developer_message(enc: HarmonyEncoding) -> None:
@@ -253,17 +254,17 @@ def test_sdk_models_render_like_dicts(enc: HarmonyEncoding) -> None:
 def test_builtin_tools_in_the_system_message(enc: HarmonyEncoding) -> None:
     tools = [{"type": "code_interpreter", "container": {"type": "auto"}}, {"type": "web_search"}]
     prompt = render_request(enc, "Compute 2**100", tools=tools, today=TODAY)
-    python = ToolNamespaceConfig(name="python", description=python_tool_description(), tools=[])
+    python = ToolNamespaceConfig(name="python", description=python_description(), tools=[])
     content = system().content[0]
     assert isinstance(content, SystemContent)
     sys_msg = Message.from_role_and_content(
         Role.SYSTEM, content.with_browser_tool().with_tools(python)
     )
     assert prompt.token_ids == expected(enc, [sys_msg, user("Compute 2**100")])
-    assert prompt.python and prompt.browser
+    assert prompt.builtin == ("browser", "python")
     text = enc.decode(prompt.token_ids)
     assert "## python" in text and "## browser" in text and "/mnt/data" not in text
-    off = render_request(enc, "x", tools=tools, python=False, browser=False, today=TODAY)
+    off = render_request(enc, "x", tools=tools, builtin=[], today=TODAY)
     assert off.token_ids == expected(enc, [system(), user("x")])
 
 
@@ -279,7 +280,7 @@ def test_code_interpreter_history_replays_code_and_logs(enc: HarmonyEncoding) ->
             "outputs": [{"type": "logs", "logs": "1267650600228229401496703205376\n"}],
         },
     ]
-    prompt = render_request(enc, items, python=True, today=TODAY)
+    prompt = render_request(enc, items, builtin=[PythonTool.namespace()], today=TODAY)
     text = enc.decode(prompt.token_ids)
     assert "<|start|>assistant to=python<|channel|>analysis code<|message|>2**100<|call|>" in text
     assert (
@@ -337,7 +338,7 @@ def test_bad_effort_raises(enc: HarmonyEncoding) -> None:
 
 def test_continuation_after_a_call_matches_a_full_render(enc: HarmonyEncoding) -> None:
     base = [system(), developer(None), user("Weather in Paris?"), call('{"city":"Paris"}')]
-    tool = tool_result_message("functions.get_weather", '{"temp": 20}', channel="commentary")
+    tool = tool_message("functions.get_weather", '{"temp": 20}', channel="commentary")
     assert tool == weather_output('{"temp": 20}')
     full = expected(enc, [*base, tool])
     cont = continuation_ids(enc, tool)

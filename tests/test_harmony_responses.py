@@ -32,13 +32,13 @@ from nbresponses.families.chat.family import ChatFamily
 from nbresponses.families.harmony import (
     continuation_ids,
     harmony_encoding,
-    tool_result_message,
 )
 from nbresponses.families.harmony.family import HarmonyFamily
 from nbresponses.service.client import AsyncResponsesClient
 from nbresponses.service.stream import ResponseEventStream
 from nbresponses.tokens.scripted import Script, ScriptedTokenSource
 from nbresponses.tools import BrowserResult
+from nbresponses.tools.base import tool_message
 
 GPT_OSS_EOS = (
     200002,
@@ -286,8 +286,8 @@ async def test_python_runs_in_one_sandbox_per_response(enc: HarmonyEncoding) -> 
     # the python tool is described in the system message
     assert "## python" in enc.decode(source.prompts[0])
     # each round sees the previous one and the tool's answer, rendered by harmony
-    empty = continuation_ids(enc, tool_result_message("python", "", channel="analysis"))
-    answer = continuation_ids(enc, tool_result_message("python", "42\n", channel="analysis"))
+    empty = continuation_ids(enc, tool_message("python", "", channel="analysis"))
+    answer = continuation_ids(enc, tool_message("python", "42\n", channel="analysis"))
     assert source.prompts[1] == [*source.prompts[0], *s1, *empty]
     assert source.prompts[2] == [*source.prompts[1], *s2, *answer]
     assert "<|start|>python to=assistant<|channel|>analysis<|message|>42\n<|end|>" in enc.decode(

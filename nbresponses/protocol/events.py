@@ -20,7 +20,6 @@ from openai.types.responses import (
     ResponseCodeInterpreterCallCompletedEvent,
     ResponseCodeInterpreterCallInProgressEvent,
     ResponseCodeInterpreterCallInterpretingEvent,
-    ResponseCodeInterpreterToolCall,
     ResponseCompletedEvent,
     ResponseContentPartAddedEvent,
     ResponseContentPartDoneEvent,
@@ -31,7 +30,6 @@ from openai.types.responses import (
     ResponseFunctionCallArgumentsDeltaEvent,
     ResponseFunctionCallArgumentsDoneEvent,
     ResponseFunctionToolCall,
-    ResponseFunctionWebSearch,
     ResponseIncompleteEvent,
     ResponseInProgressEvent,
     ResponseOutputItemAddedEvent,
@@ -59,6 +57,7 @@ from openai.types.responses.response import IncompleteDetails
 from openai.types.responses.response_reasoning_item import Content
 
 from nbresponses.protocol.ids import new_id
+from nbresponses.tools import registry
 
 ItemStatus = Literal["completed", "incomplete"]
 ToolStatus = Literal["completed", "incomplete", "failed"]
@@ -100,7 +99,7 @@ class EventBuilder:
         self._item: Any = None  # the open output item
         self._text = ""
         self._logprobs: list[TokenLogprob] = []
-        self._code_done = False  # the open code interpreter call's code.done went out
+        self._input_done = False  # the open tool call's input-done event went out
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -121,7 +120,7 @@ class EventBuilder:
         self._item = item
         self._text = ""
         self._logprobs = []
-        self._code_done = False
+        self._input_done = False
         self._send(
             ResponseOutputItemAddedEvent,
             type="response.output_item.added",
@@ -200,10 +199,8 @@ class EventBuilder:
             self._close_message(status)
         elif kind == "reasoning":
             self._close_reasoning(status)
-        elif kind == "code_interpreter_call":
-            self.close_code(status)
-        elif kind == "web_search_call":
-            self.close_web_search(None, status)
+        elif kind in TOOL_EVENTS:
+            self.close_tool(status)
         else:
             self.close_call(self._item.arguments, status)
 
@@ -339,103 +336,101 @@ class EventBuilder:
 
     # -- built-in tools (gpt-oss) --------------------------------------------------------
 
-    def _tool_event(self, cls: type, kind: str) -> None:
-        self._send(cls, type=kind, item_id=self._item.id, output_index=self._index)
+    def _tool_event(self, event: tuple[type, str], **fields: Any) -> None:
+        cls, kind = event
+        self._send(cls, type=kind, item_id=self._item.id, output_index=self._index, **fields)
 
-    def open_code(self, container_id: str) -> None:
-        """A code interpreter call whose code is about to stream."""
+    def open_tool(self, kind: str, fields: dict[str, Any]) -> None:
+        """A built-in tool call's item (``kind``: its item type; ``fields``: what the tool
+        says the item holds when it opens: code, container, action...)."""
         self.close()
-        self._add(
-            ResponseCodeInterpreterToolCall(
-                type="code_interpreter_call",
-                id=new_id("ci"),
-                code="",
-                container_id=container_id,
-                outputs=None,
-                status="in_progress",
-            )
-        )
-        self._tool_event(
-            ResponseCodeInterpreterCallInProgressEvent, "response.code_interpreter_call.in_progress"
-        )
+        tool = registry.for_item_type(kind)
+        assert tool is not None, f"no built-in tool makes {kind!r} items"
+        item = {"type": kind, "id": new_id(tool.id_prefix), "status": "in_progress", **fields}
+        self._add(tool.item_class.model_validate(item))
+        self._tool_event(TOOL_EVENTS[kind].in_progress)
 
-    def code_delta(self, text: str) -> None:
-        self._item.code += text
-        self._send(
-            ResponseCodeInterpreterCallCodeDeltaEvent,
-            type="response.code_interpreter_call_code.delta",
-            item_id=self._item.id,
-            output_index=self._index,
-            delta=text,
-        )
+    def tool_input_delta(self, text: str) -> None:
+        """More of the call's input (a code interpreter call's code) as it streams."""
+        spec = TOOL_EVENTS[self._item.type]
+        assert spec.input_delta is not None, f"{self._item.type} streams no input"
+        setattr(self._item, spec.input_field, getattr(self._item, spec.input_field) + text)
+        self._tool_event(spec.input_delta, delta=text)
 
-    def code_done(self) -> None:
-        """The code is complete (the item stays open until it has run, or is given up)."""
-        if self._code_done:
+    def tool_input_done(self) -> None:
+        """The call's input is complete (the item stays open until the call has run)."""
+        spec = TOOL_EVENTS[self._item.type]
+        if self._input_done or spec.input_done is None:
             return
-        self._code_done = True
-        self._send(
-            ResponseCodeInterpreterCallCodeDoneEvent,
-            type="response.code_interpreter_call_code.done",
-            item_id=self._item.id,
-            output_index=self._index,
-            code=self._item.code,
+        self._input_done = True
+        self._tool_event(
+            spec.input_done, **{spec.input_field: getattr(self._item, spec.input_field)}
         )
 
-    def code_interpreting(self) -> None:
-        self.code_done()
-        self._item.status = "interpreting"
-        self._tool_event(
+    def tool_running(self) -> None:
+        """The call runs now (python interprets, the browser searches)."""
+        self.tool_input_done()
+        spec = TOOL_EVENTS[self._item.type]
+        self._item.status = spec.running_status
+        self._tool_event(spec.running)
+
+    def close_tool(self, status: ToolStatus, fields: dict[str, Any] | None = None) -> None:
+        """Finish the call: "completed" when it ran, else "failed" or never run ("incomplete");
+        ``fields`` (the tool's answer: outputs, the action with its URL) update the item."""
+        self.tool_input_done()
+        if fields:
+            merged = {**self._item.model_dump(), **fields}
+            updated = type(self._item).model_validate(merged)
+            for name in fields:
+                setattr(self._item, name, getattr(updated, name))
+        if status == "completed":
+            self._tool_event(TOOL_EVENTS[self._item.type].completed)
+        self._item.status = status
+        self._item_done()
+
+
+@dataclass(frozen=True)
+class ToolEvents:
+    """The stream events of one built-in tool item type (OpenAI's names and classes)."""
+
+    in_progress: tuple[type, str]
+    running: tuple[type, str]
+    completed: tuple[type, str]
+    running_status: str
+    input_field: str = ""  # the item field the call's input streams into
+    input_delta: tuple[type, str] | None = None
+    input_done: tuple[type, str] | None = None
+
+
+TOOL_EVENTS: dict[str, ToolEvents] = {
+    "code_interpreter_call": ToolEvents(
+        in_progress=(
+            ResponseCodeInterpreterCallInProgressEvent,
+            "response.code_interpreter_call.in_progress",
+        ),
+        running=(
             ResponseCodeInterpreterCallInterpretingEvent,
             "response.code_interpreter_call.interpreting",
-        )
-
-    def close_code(self, status: ToolStatus, outputs: list[dict[str, Any]] | None = None) -> None:
-        """Finish the code interpreter call: "completed" when it ran, else never run."""
-        self.code_done()
-        if status == "completed":
-            if outputs is not None:
-                self._item.outputs = ResponseCodeInterpreterToolCall.model_validate(
-                    {**self._item.model_dump(), "outputs": outputs}
-                ).outputs
-            self._tool_event(
-                ResponseCodeInterpreterCallCompletedEvent,
-                "response.code_interpreter_call.completed",
-            )
-        self._item.status = status
-        self._item_done()
-
-    def open_web_search(self, action: dict[str, Any]) -> None:
-        """A browser call (its arguments are complete: harmony streams none of them)."""
-        self.close()
-        self._add(
-            ResponseFunctionWebSearch.model_validate(
-                {
-                    "type": "web_search_call",
-                    "id": new_id("ws"),
-                    "status": "in_progress",
-                    "action": action,
-                }
-            )
-        )
-        self._tool_event(
-            ResponseWebSearchCallInProgressEvent, "response.web_search_call.in_progress"
-        )
-
-    def web_searching(self) -> None:
-        """The backend is being asked."""
-        self._item.status = "searching"
-        self._tool_event(ResponseWebSearchCallSearchingEvent, "response.web_search_call.searching")
-
-    def close_web_search(self, action: dict[str, Any] | None, status: ToolStatus) -> None:
-        """Finish the browser call; ``action`` (with the URL filled in) replaces the first one."""
-        if action is not None:
-            self._item.action = ResponseFunctionWebSearch.model_validate(
-                {**self._item.model_dump(), "action": action}
-            ).action
-        if status == "completed":
-            self._tool_event(
-                ResponseWebSearchCallCompletedEvent, "response.web_search_call.completed"
-            )
-        self._item.status = status
-        self._item_done()
+        ),
+        completed=(
+            ResponseCodeInterpreterCallCompletedEvent,
+            "response.code_interpreter_call.completed",
+        ),
+        running_status="interpreting",
+        input_field="code",
+        input_delta=(
+            ResponseCodeInterpreterCallCodeDeltaEvent,
+            "response.code_interpreter_call_code.delta",
+        ),
+        input_done=(
+            ResponseCodeInterpreterCallCodeDoneEvent,
+            "response.code_interpreter_call_code.done",
+        ),
+    ),
+    "web_search_call": ToolEvents(
+        in_progress=(ResponseWebSearchCallInProgressEvent, "response.web_search_call.in_progress"),
+        running=(ResponseWebSearchCallSearchingEvent, "response.web_search_call.searching"),
+        completed=(ResponseWebSearchCallCompletedEvent, "response.web_search_call.completed"),
+        running_status="searching",
+    ),
+}

@@ -30,6 +30,7 @@ from openai.types.responses.response_reasoning_item import Content, Summary
 
 from nbresponses.protocol.errors import bad_request
 from nbresponses.protocol.ids import new_id
+from nbresponses.tools import registry
 
 InputItem = (
     ResponseInputMessageItem
@@ -40,10 +41,7 @@ InputItem = (
     | ResponseCodeInterpreterToolCall
     | ResponseFunctionWebSearch
 )
-BUILTIN_ITEMS = {
-    "code_interpreter_call": (ResponseCodeInterpreterToolCall, "ci"),
-    "web_search_call": (ResponseFunctionWebSearch, "ws"),
-}
+BUILTIN_ITEMS = registry.item_types()  # code_interpreter_call, web_search_call
 
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
@@ -127,18 +125,18 @@ def _item(item: dict[str, Any], where: str) -> InputItem:
             content=content,
             status=item.get("status"),
         )
-    if kind in BUILTIN_ITEMS:
-        cls, prefix = BUILTIN_ITEMS[kind]
+    tool = registry.for_item_type(kind) if isinstance(kind, str) else None
+    if tool is not None:
         try:
-            return cls.model_validate(
-                {"id": new_id(prefix), "status": "completed", **item, "type": kind}
+            return tool.item_class.model_validate(  # type: ignore[return-value]
+                {"id": new_id(tool.id_prefix), "status": "completed", **item, "type": kind}
             )
         except pydantic.ValidationError as exc:
             raise bad_request(f"Invalid {kind} item at '{where}': {exc}", param=where) from None
     raise bad_request(
         f"Unsupported input item type {kind!r} at '{where}': nbresponses accepts message, "
-        "function_call, function_call_output, reasoning, code_interpreter_call and "
-        "web_search_call items.",
+        f"function_call, function_call_output, reasoning and {' and '.join(BUILTIN_ITEMS)} "
+        "items.",
         param=f"{where}.type",
     )
 

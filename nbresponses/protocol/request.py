@@ -22,16 +22,16 @@ from pydantic import TypeAdapter, ValidationError
 
 from nbresponses.protocol.errors import bad_request, not_found, unsupported
 from nbresponses.protocol.items import InputItem, normalize_input
+from nbresponses.tools import registry
+from nbresponses.tools.base import ToolOptionError
 
 TRANSPORT = ("extra_headers", "extra_query", "timeout")
 SDK_PARAMETERS = frozenset(inspect.signature(AsyncResponses.create).parameters) - {"self"}
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
-OUTPUTS_INCLUDE = "code_interpreter_call.outputs"
-INCLUDABLE = (LOGPROBS_INCLUDE, OUTPUTS_INCLUDE)
-CODE_INTERPRETER = ("code_interpreter",)
-WEB_SEARCH = (
-    "web_search", "web_search_2025_08_26", "web_search_preview", "web_search_preview_2025_03_11"
-)  # fmt: skip
+INCLUDABLE = (
+    LOGPROBS_INCLUDE,
+    *(t.answer_include for t in registry.BUILTIN_TOOLS if t.answer_include),
+)
 TOOL = TypeAdapter(Tool)
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
@@ -197,7 +197,7 @@ def _tools(value: Any) -> list[Tool]:
         tool = param if isinstance(param, Mapping) else tool
         tool = tool.model_dump(exclude_none=True) if hasattr(tool, "model_dump") else tool
         kind = tool.get("type") if isinstance(tool, Mapping) else type(tool).__name__
-        if kind in CODE_INTERPRETER or kind in WEB_SEARCH:
+        if isinstance(kind, str) and registry.for_request_type(kind) is not None:
             tools.append(_builtin_tool(dict(tool), f"tools[{i}]"))  # type: ignore[arg-type]
             continue
         if not isinstance(tool, Mapping) or kind != "function":
@@ -223,21 +223,13 @@ def _tools(value: Any) -> list[Tool]:
 
 
 def _builtin_tool(tool: dict[str, Any], where: str) -> Tool:
-    """A code_interpreter or web_search tool, with only the options a local run can honour."""
-    kind = tool["type"]
-    if kind in CODE_INTERPRETER:
-        container = tool.setdefault("container", {"type": "auto"})
-        if not isinstance(container, Mapping) or container.get("type") != "auto":
-            raise unsupported(
-                f"{where}.container",
-                "each response gets its own local python sandbox: use {'type': 'auto'}.",
-            )
-        for key in container:
-            if key not in ("type", "memory_limit") and container[key] is not None:
-                raise unsupported(f"{where}.container.{key}")
-    for key, v in tool.items():
-        if key not in ("type", "container") and v is not None:
-            raise unsupported(f"{where}.{key}")
+    """A built-in tool entry, with only the options its local tool honours (``tools/``)."""
+    builtin = registry.for_request_type(tool["type"])
+    assert builtin is not None
+    try:
+        tool = builtin.check_request(tool)
+    except ToolOptionError as exc:
+        raise unsupported(f"{where}.{exc.param}", exc.detail) from None
     try:
         return TOOL.validate_python(tool)
     except ValidationError as exc:

@@ -18,10 +18,9 @@ from nbresponses.families.harmony.parser import (
 from nbresponses.families.harmony.render import (
     HarmonyPrompt,
     build_conversation,
+    builtin_namespaces,
     continuation_ids,
-    python_tool_description,
     render_request,
-    tool_result_message,
 )
 from nbresponses.families.harmony.vocab import HarmonyVocabularyError
 
@@ -36,10 +35,9 @@ __all__ = [
     "SegmentStart",
     "Stray",
     "build_conversation",
+    "builtin_namespaces",
     "continuation_ids",
     "harmony_encoding",
     "prepare_vocab",
-    "python_tool_description",
     "render_request",
-    "tool_result_message",
 ]

@@ -3,10 +3,11 @@
 Segments map to output items: ``analysis`` → reasoning (``reasoning_text``); ``final`` and
 ``commentary`` text → messages with ``phase`` "final_answer" / "commentary"; a message to
 ``functions.NAME`` → a ``function_call`` (the response ends; the caller answers with
-``function_call_output``); to ``python`` → a ``code_interpreter_call``; to ``browser.*`` → a
-``web_search_call``. Built-in calls run within the response: the tool's answer is appended to
-prompt + output and the model goes on, at most ``max_tool_calls`` times (a call beyond that is
-left ``incomplete`` and the response ends). Tokens outside any message count in usage only.
+``function_call_output``); to a built-in tool (``tools/registry.py``: ``python``,
+``browser.*``) → that tool's item (``code_interpreter_call``, ``web_search_call``). Built-in
+calls run within the response: the tool's answer is appended to prompt + output and the model
+goes on, at most ``max_tool_calls`` times (a call beyond that is left ``incomplete`` and the
+response ends). Tokens outside any message count in usage only.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from openai.types.responses import ResponseCodeInterpreterToolCall
 from openai_harmony import HarmonyEncoding, Message
 
 from nbresponses.families.base import RenderedPrompt
@@ -26,29 +26,27 @@ from nbresponses.families.harmony import (
     SegmentStart,
     continuation_ids,
     harmony_encoding,
-    python_tool_description,
     render_request,
-    tool_result_message,
 )
 from nbresponses.families.harmony.token_bytes import HarmonyTokenBytes
 from nbresponses.families.text import protocol_logprob
 from nbresponses.protocol.errors import bad_request, unsupported
 from nbresponses.protocol.events import EventBuilder
 from nbresponses.protocol.ids import new_id
-from nbresponses.protocol.request import OUTPUTS_INCLUDE, WEB_SEARCH, CreateRequest
+from nbresponses.protocol.request import CreateRequest
 from nbresponses.tokens.contract import TokenIdLogprob
-from nbresponses.tools.session import BuiltinTools
-
-# A browser call whose arguments did not parse still needs an action on its item.
-FALLBACK_ACTIONS = {
-    "search": {"type": "search"},
-    "open": {"type": "open_page"},
-    "find": {"type": "find_in_page", "pattern": "", "url": ""},
-}
+from nbresponses.tools import registry
+from nbresponses.tools.base import BuiltinTool, ToolCall, tool_message
+from nbresponses.tools.python import DEFAULT_TIMEOUT
 
 
 class HarmonyFamily:
-    """The format of gpt-oss models (``model_type == "gpt_oss"``)."""
+    """The family of gpt-oss models (``model_type == "gpt_oss"``).
+
+    Its built-in tools' settings: ``browser`` (a ``BrowserBackend``: without one, a request
+    enabling ``web_search`` is a 400), ``python_timeout`` (seconds per python call) and
+    ``max_tool_calls`` (built-in calls per response; a request may ask for fewer).
+    """
 
     name = "harmony"
 
@@ -57,13 +55,12 @@ class HarmonyFamily:
         encoding: HarmonyEncoding | None = None,
         *,
         browser: Any = None,
-        python_timeout: float = 120.0,
+        python_timeout: float = DEFAULT_TIMEOUT,
         max_tool_calls: int = 16,
         eos_token_ids: Iterable[int] = (),
     ) -> None:
         self.encoding = encoding if encoding is not None else harmony_encoding()
-        self.browser = browser
-        self.python_timeout = python_timeout
+        self.settings: dict[str, Any] = {"backend": browser, "timeout": python_timeout}
         self.max_tool_calls = max_tool_calls
         self._bytes = HarmonyTokenBytes(self.encoding)
         self._stops = tuple(self.encoding.stop_tokens_for_assistant_actions())
@@ -76,7 +73,8 @@ class HarmonyFamily:
                 "tool_choice", "gpt-oss models choose their tools themselves: use 'auto' or 'none'."
             )
         for i, tool in enumerate(req.all_tools):
-            if tool.type in WEB_SEARCH and self.browser is None:
+            builtin = registry.for_request_type(tool.type)
+            if builtin is not None and builtin.needs and self.settings.get(builtin.needs) is None:
                 raise bad_request(
                     f"'tools[{i}]': web_search needs a browser backend, and this client has "
                     "none: family=HarmonyFamily(browser=MyBackend()).",
@@ -85,9 +83,9 @@ class HarmonyFamily:
 
     def render(self, req: CreateRequest, history: Sequence[Any]) -> RenderedPrompt:
         tools_on = req.tool_mode != "none"
-        builtin = {t.type: t for t in req.builtin_tools} if tools_on else {}
-        code: Any = builtin.get("code_interpreter")
-        browse = any(kind in WEB_SEARCH for kind in builtin)
+        given = {
+            registry.for_request_type(t.type): t for t in req.builtin_tools if tools_on
+        }  # the request's entry of each built-in tool it enables
         try:
             prompt = render_request(
                 self.encoding,
@@ -95,30 +93,28 @@ class HarmonyFamily:
                 instructions=req.instructions,
                 tools=[t.model_dump(exclude_none=True) for t in req.tools] if tools_on else [],
                 reasoning=req.reasoning,
-                python=code is not None,
-                browser=browse,
-                python_description=python_tool_description(self.python_timeout),
+                builtin=[
+                    t.namespace(**self.settings) for t in registry.BUILTIN_TOOLS if t in given
+                ],
             )
         except ValueError as exc:
             raise bad_request(
                 f"Cannot render this conversation for gpt-oss: {exc}", param="input"
             ) from None
-        container = getattr(code, "container", None)
         limit = min(self.max_tool_calls, req.max_tool_calls or self.max_tool_calls)
 
         def decoder(builder: EventBuilder) -> HarmonyDecoder:
-            tools = BuiltinTools(
-                python=code is not None,
-                python_timeout=self.python_timeout,
-                memory_limit=getattr(container, "memory_limit", None),
-                browser=self.browser if browse else None,
-            )
+            settings = {**self.settings, "container_id": new_id("cntr")}  # one per response
+            tools = {
+                t.item_type: t.for_response(given.get(t), **settings)
+                for t in registry.BUILTIN_TOOLS
+            }
             return HarmonyDecoder(
                 builder,
                 self.encoding,
                 self._bytes,
                 tools,
-                include_outputs=OUTPUTS_INCLUDE in req.include,
+                include=frozenset(req.include),
                 max_tool_calls=limit,
                 skip=self._skip,
             )
@@ -134,24 +130,23 @@ class HarmonyDecoder:
         builder: EventBuilder,
         encoding: HarmonyEncoding,
         token_bytes: HarmonyTokenBytes,
-        tools: BuiltinTools,
+        tools: dict[str, BuiltinTool],
         *,
-        include_outputs: bool,
+        include: frozenset[str] = frozenset(),
         max_tool_calls: int,
         skip: frozenset[int] = frozenset(),
     ) -> None:
         self._b = builder
         self._enc = encoding
         self._bytes = token_bytes
-        self._tools = tools
-        self._include = include_outputs
+        self._tools = tools  # item type -> this response's tool
+        self._include = include
         self._max_calls = max_tool_calls
         self._skip = skip
         self._parser = HarmonyStreamParser(encoding)
         self._round_over = False
         self._pending: SegmentEnd | None = None  # a built-in call waiting to run
         self._calls = 0
-        self._container = new_id("cntr")  # one sandbox per response
         self.reasoning_tokens = 0
         self.replay: dict[str, Any] = {}
 
@@ -175,10 +170,7 @@ class HarmonyDecoder:
             self._give_up(call)
             return None
         self._calls += 1
-        if call.kind == "code_interpreter_call":
-            answer = await self._run_python(call)
-        else:
-            answer = await self._run_browser(call)
+        answer = await self._run(call)
         self._parser = HarmonyStreamParser(self._enc)
         self._round_over = False
         return continuation_ids(self._enc, answer)
@@ -190,7 +182,8 @@ class HarmonyDecoder:
             self._give_up(call)
 
     async def aclose(self) -> None:
-        await self._tools.aclose()
+        for tool in self._tools.values():
+            await tool.aclose()
 
     # -- segments → events -------------------------------------------------------------------
 
@@ -215,18 +208,20 @@ class HarmonyDecoder:
         if self._pending is not None:  # the model went on without waiting for the tool
             call, self._pending = self._pending, None
             self._give_up(call)
+        tool = self._tools.get(ev.kind)
         if ev.kind == "reasoning":
             b.open_reasoning()
         elif ev.kind == "text":
             b.open_message(phase="commentary" if ev.channel == "commentary" else "final_answer")
         elif ev.kind == "function_call":
             b.open_call(ev.name)
-        elif ev.kind == "code_interpreter_call":
-            b.open_code(self._container)
-        # web_search_call: its item opens when the call runs (its action needs the arguments)
+        elif tool is not None and tool.streams_input:
+            b.open_tool(ev.kind, tool.opening(None))
+        # other tools' items open when the call runs (their fields need the whole call)
 
     def _delta(self, ev: SegmentDelta) -> None:
         b = self._b
+        tool = self._tools.get(ev.kind)
         if ev.kind == "reasoning":
             b.reasoning_delta(ev.text)
         elif ev.kind == "text":
@@ -234,51 +229,48 @@ class HarmonyDecoder:
             b.text_delta(ev.text, lps)
         elif ev.kind == "function_call":
             b.arguments_delta(ev.text)
-        elif ev.kind == "code_interpreter_call":
-            b.code_delta(ev.text)
+        elif tool is not None and tool.streams_input:
+            b.tool_input_delta(ev.text)
 
     def _end(self, ev: SegmentEnd) -> None:
         b = self._b
         status = "incomplete" if ev.cut_off else "completed"
+        tool = self._tools.get(ev.kind)
         if ev.kind in ("reasoning", "text"):
             b.close(status)
         elif ev.kind == "function_call":
             b.close_call(ev.text, "completed" if ev.valid and not ev.cut_off else "incomplete")
-        elif ev.cut_off:
-            self._give_up(ev)
-        else:
-            if ev.kind == "code_interpreter_call":
-                b.code_done()
+        elif tool is not None:
+            if ev.cut_off:
+                self._give_up(ev)
+                return
+            if tool.streams_input:
+                b.tool_input_done()
             self._pending = ev
 
     def _give_up(self, call: SegmentEnd) -> None:
         """A built-in call that will not run: its item ends ``incomplete``."""
-        if call.kind == "code_interpreter_call":
-            self._b.close_code("incomplete")
-        else:
-            self._b.open_web_search(call.action or FALLBACK_ACTIONS[call.name])
-            self._b.close_web_search(None, "incomplete")
+        tool = self._tools[call.kind]
+        if not tool.streams_input:
+            self._b.open_tool(call.kind, tool.opening(ToolCall(call.name, call.text)))
+        self._b.close_tool("incomplete")
 
     # -- built-in tools ----------------------------------------------------------------------
 
-    async def _run_python(self, call: SegmentEnd) -> Message:
+    async def _run(self, segment: SegmentEnd) -> Message:
+        """Run a built-in call; its item gets the answer's fields when the request includes
+        them, and the later turns' prompts show the model what it saw either way."""
         b = self._b
+        tool = self._tools[segment.kind]
+        call = ToolCall(segment.name, segment.text)
+        if not tool.streams_input:
+            b.open_tool(segment.kind, tool.opening(call))
         item = b.current
-        b.code_interpreting()
-        result = await self._tools.python(call.code)
-        outputs = [{"type": "logs", "logs": result.text}] if result.text else []
-        b.close_code("completed" if result.ok else "failed", outputs if self._include else None)
-        if not self._include:  # the next turn's prompt still shows the model what it saw
-            self.replay[item.id] = ResponseCodeInterpreterToolCall.model_validate(
-                {**item.model_dump(), "outputs": outputs}
-            )
-        return tool_result_message("python", result.text, channel=call.channel or "analysis")
-
-    async def _run_browser(self, call: SegmentEnd) -> Message:
-        b = self._b
-        b.open_web_search(call.action or FALLBACK_ACTIONS[call.name])
-        b.web_searching()
-        result = await self._tools.browse(call.name, call.arguments)
-        b.close_web_search(result.action, "completed" if result.ok else "failed")
-        channel = call.channel or "analysis"
-        return tool_result_message(f"browser.{call.name}", result.text, channel=channel)
+        b.tool_running()
+        answer = await tool.run(call)
+        shown = tool.answer_include is None or tool.answer_include in self._include
+        b.close_tool("completed" if answer.ok else "failed", answer.item if shown else None)
+        if not shown and answer.item:
+            self.replay[item.id] = type(item).model_validate({**item.model_dump(), **answer.item})
+        channel = segment.channel or "analysis"
+        return tool_message(tool.address(call.function), answer.text, channel=channel)

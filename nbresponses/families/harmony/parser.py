@@ -7,8 +7,10 @@ ends); this wrapper turns each assistant message into a *segment* of one kind:
 message                     segment kind
 ==========================  ====================================================
 to ``functions.NAME``       ``function_call`` (``name`` = NAME; text = arguments)
-to ``python``               ``code_interpreter_call`` (text = code)
-to ``browser.search|open|find``  ``web_search_call`` (text = JSON args; ``action`` at the end)
+to a built-in tool          the tool's item type (``tools/registry.py``): to ``python``
+                            ``code_interpreter_call`` (text = code), to
+                            ``browser.search|open|find`` ``web_search_call`` (``name`` =
+                            the function; text = JSON args, which the tool reads)
 to any other recipient      ``function_call`` with ``name`` = the recipient, ended invalid
 channel ``analysis``        ``reasoning``
 channel ``final``           ``text``
@@ -35,7 +37,7 @@ Documented behaviours:
   the raw text as ``arguments``, ``valid=False`` and ``error`` saying why. The model meant to call
   a tool, so the protocol layer emits the call item marked incomplete rather than showing its
   argument text as an answer; the user still sees exactly what the model wrote.
-* A ``web_search_call`` whose arguments do not parse is ``valid=False`` with ``action=None``.
+* A built-in tool call is always ``valid``: what its text means is the tool's to say.
 """
 
 from __future__ import annotations
@@ -43,7 +45,6 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
 
 from openai_harmony import (
     HarmonyEncoding,
@@ -55,11 +56,10 @@ from openai_harmony import (
 )
 
 from nbresponses.tokens.contract import TokenIdLogprob
+from nbresponses.tools import registry
 
-SegmentKind = Literal[
-    "reasoning", "text", "function_call", "code_interpreter_call", "web_search_call"
-]
-BROWSER_ACTIONS = ("search", "open", "find")
+# "reasoning", "text", "function_call", or a built-in tool's item type
+SegmentKind = str
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class SegmentStart:
     channel: str | None
     recipient: str | None
     content_type: str | None
-    name: str  # function_call: the function; web_search_call: search/open/find; else ""
+    name: str  # function_call: the function; a built-in tool call: its function; else ""
     token_ids: tuple[int, ...]  # the header tokens
     logprobs: tuple[TokenIdLogprob, ...] | None = None
 
@@ -104,7 +104,6 @@ class SegmentEnd:
     valid: bool = True
     error: str | None = None
     terminator: str | None = None  # "<|end|>", "<|call|>", "<|return|>"; None when cut off
-    action: dict[str, Any] | None = None  # web_search_call: the Responses action, see below
 
     @property
     def arguments(self) -> str:
@@ -135,57 +134,28 @@ def classify(channel: str | None, recipient: str | None) -> tuple[SegmentKind, s
     if recipient:
         if recipient.startswith("functions."):
             return "function_call", recipient.removeprefix("functions."), None
-        if recipient == "python":
-            return "code_interpreter_call", "", None
-        if recipient.startswith("browser."):
-            action = recipient.removeprefix("browser.")
-            if action in BROWSER_ACTIONS:
-                return "web_search_call", action, None
+        builtin = registry.for_recipient(recipient)
+        if builtin is not None:
+            tool, function = builtin
+            return tool.item_type, function, None
         return "function_call", recipient, f"unknown recipient {recipient!r}"
     if channel == "analysis":
         return "reasoning", "", None
     return "text", "", None
 
 
-def web_search_action(name: str, arguments: str) -> dict[str, Any]:
-    """The Responses ``web_search_call.action`` for a browser call (ValueError if unparsable).
-
-    ``open`` by link id (an int) or ``find`` leave ``url`` empty: only the browser tool knows
-    which page that is, so the tool loop fills it in.
-    """
-    args = json.loads(arguments) if arguments.strip() else {}
-    if not isinstance(args, dict):
-        raise ValueError("browser arguments must be a JSON object")
-    if name == "search":
-        query = args.get("query")
-        if not isinstance(query, str):
-            raise ValueError("browser.search needs a string 'query'")
-        return {"type": "search", "query": query}
-    if name == "open":
-        target = args.get("id")
-        return {"type": "open_page", "url": target if isinstance(target, str) else None}
-    pattern = args.get("pattern")
-    if not isinstance(pattern, str):
-        raise ValueError("browser.find needs a string 'pattern'")
-    return {"type": "find_in_page", "pattern": pattern, "url": ""}
-
-
-def _validate(kind: SegmentKind, name: str, text: str) -> tuple[bool, str | None, Any]:
-    """(valid, error, action) of a finished segment's content."""
-    if kind == "function_call":
-        try:
-            value = json.loads(text)
-        except ValueError as exc:
-            return False, f"arguments are not valid JSON: {exc}", None
-        if not isinstance(value, dict):
-            return False, "arguments are not a JSON object", None
-        return True, None, None
-    if kind == "web_search_call":
-        try:
-            return True, None, web_search_action(name, text)
-        except ValueError as exc:
-            return False, str(exc), None
-    return True, None, None
+def _validate(kind: SegmentKind, text: str) -> tuple[bool, str | None]:
+    """(valid, error) of a finished segment's content: function-call arguments must be a JSON
+    object; a built-in tool reads its own arguments."""
+    if kind != "function_call":
+        return True, None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        return False, f"arguments are not valid JSON: {exc}"
+    if not isinstance(value, dict):
+        return False, "arguments are not a JSON object"
+    return True, None
 
 
 @dataclass
@@ -364,7 +334,7 @@ class HarmonyStreamParser:
         self._open = None
         seg.tokens += len(token_ids)
         text = "".join(seg.text)
-        valid, error, action = _validate(seg.kind, seg.name, text)
+        valid, error = _validate(seg.kind, text)
         if seg.error is not None:
             valid, error = False, seg.error
         if seg.kind == "reasoning":
@@ -384,7 +354,6 @@ class HarmonyStreamParser:
                 valid=valid,
                 error=error,
                 terminator=terminator,
-                action=action,
             )
         )
         if not cut_off:

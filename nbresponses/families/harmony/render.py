@@ -3,15 +3,15 @@
 The layout follows harmony's rules:
 
 * one **system** message: model identity, knowledge cutoff, current date, reasoning effort,
-  the valid channels, and the built-in tools the request enables (python, browser);
+  the valid channels, and the built-in tools the request enables (``tools/registry.py``);
 * one **developer** message, when there is anything to say: ``instructions`` (plus the text of
   leading system/developer input messages) and the function tools as a ``functions`` namespace;
 * the history: user messages; assistant messages on ``final`` (``commentary`` for messages whose
   ``phase`` is "commentary"); ``reasoning`` items on ``analysis``; ``function_call`` items as
   commentary messages to ``functions.NAME`` with content type ``<|constrain|>json``;
   ``function_call_output`` items as tool messages from ``functions.NAME``;
-  ``code_interpreter_call`` items as an analysis message to ``python`` and its logs as the
-  python tool's answer.
+  built-in tool items as their tool replays them (``BuiltinTool.replay``: a
+  ``code_interpreter_call`` is an analysis message to ``python`` and its logs python's answer).
 
 **Chain of thought of earlier turns is dropped**: every ``analysis`` message before the last
 assistant ``final`` message is left out, as the harmony guide asks (the model never saw its old
@@ -33,7 +33,6 @@ from datetime import date
 from typing import Any
 
 from openai_harmony import (
-    Author,
     Conversation,
     DeveloperContent,
     HarmonyEncoding,
@@ -46,9 +45,11 @@ from openai_harmony import (
     ToolNamespaceConfig,
 )
 
+from nbresponses.tools import registry
+from nbresponses.tools.base import tool_message
+
 KNOWLEDGE_CUTOFF = "2024-06"
 JSON_CONTENT_TYPE = "<|constrain|>json"
-DEFAULT_PYTHON_TIMEOUT = 120.0
 
 _EFFORT = {
     "none": ReasoningEffort.LOW,
@@ -61,21 +62,6 @@ _EFFORT = {
 _TEXT_PARTS = ("input_text", "output_text", "text", "reasoning_text", "summary_text")
 
 
-def python_tool_description(timeout: float = DEFAULT_PYTHON_TIMEOUT) -> str:
-    """harmony's python tool text, made true of our sandbox (timeout, folder, no internet)."""
-    return (
-        "Use this tool to execute Python code in your chain of thought. The code will not be "
-        "shown to the user. This tool should be used for internal reasoning, but not for code "
-        "that is intended to be visible to the user (e.g. when creating plots, tables, or "
-        "files).\n\n"
-        "When you send a message containing Python code to python, it will be executed in a "
-        "stateful Jupyter notebook environment. python will respond with the output of the "
-        f"execution or time out after {float(timeout)} seconds. The current working directory "
-        "is a temporary folder that is deleted when this response ends. Internet access for "
-        "this session is disabled."
-    )
-
-
 @dataclass(frozen=True)
 class HarmonyPrompt:
     """What the engine needs to generate the next assistant turn."""
@@ -83,8 +69,7 @@ class HarmonyPrompt:
     conversation: Conversation
     token_ids: list[int]
     stop_token_ids: tuple[int, ...]  # <|return|> and <|call|>
-    python: bool  # the python tool is enabled
-    browser: bool  # the browser tool is enabled
+    builtin: tuple[str, ...]  # the built-in tools the system message describes ("python")
     function_names: tuple[str, ...]
 
 
@@ -141,8 +126,14 @@ def function_tools(tools: Iterable[Any]) -> list[ToolDescription]:
     return out
 
 
-def _builtin_enabled(tools: Iterable[Any], types: tuple[str, ...]) -> bool:
-    return any(_as_dict(t).get("type") in types for t in tools)
+def builtin_namespaces(tools: Iterable[Any], **settings: Any) -> list[ToolNamespaceConfig]:
+    """How the built-in tools a request's ``tools`` enable are described to the model."""
+    kinds = {_as_dict(t).get("type") for t in tools}
+    return [
+        tool.namespace(**settings)
+        for tool in registry.BUILTIN_TOOLS
+        if any(kind in tool.request_types for kind in kinds)
+    ]
 
 
 def system_message(
@@ -150,8 +141,7 @@ def system_message(
     effort: ReasoningEffort,
     today: date,
     knowledge_cutoff: str,
-    python_description: str | None,
-    browser: bool,
+    builtin: Sequence[ToolNamespaceConfig] = (),
     model_identity: str | None = None,
 ) -> Message:
     content = (
@@ -163,23 +153,9 @@ def system_message(
     )
     if model_identity is not None:
         content = content.with_model_identity(model_identity)
-    if browser:
-        content = content.with_browser_tool()
-    if python_description is not None:
-        content = content.with_tools(
-            ToolNamespaceConfig(name="python", description=python_description, tools=[])
-        )
+    for namespace in builtin:
+        content = content.with_tools(namespace)
     return Message.from_role_and_content(Role.SYSTEM, content)
-
-
-def tool_result_message(recipient: str, text: str, *, channel: str) -> Message:
-    """A tool's answer to the assistant, e.g. ("functions.get_weather", output, "commentary")."""
-    author = Author.new(Role.TOOL, recipient)
-    return (
-        Message.from_author_and_content(author, text)
-        .with_recipient("assistant")
-        .with_channel(channel)
-    )
 
 
 def _assistant(text: str, channel: str) -> Message:
@@ -213,7 +189,7 @@ class _History:
                 )
             output = item.get("output", "")
             text = output if isinstance(output, str) else _text(output)
-            message = tool_result_message(f"functions.{name}", text, channel="commentary")
+            message = tool_message(f"functions.{name}", text, channel="commentary")
             self.messages.append(message)
         elif kind == "reasoning":
             text = _text(item.get("content")) or "\n".join(
@@ -221,16 +197,10 @@ class _History:
             )
             if text:
                 self.messages.append(_assistant(text, "analysis"))
-        elif kind == "code_interpreter_call":
-            self.messages.append(
-                _assistant(item.get("code") or "", "analysis")
-                .with_recipient("python")
-                .with_content_type("code")
-            )
-            logs = [o.get("logs", "") for o in item.get("outputs") or [] if o.get("type") == "logs"]
-            self.messages.append(tool_result_message("python", "".join(logs), channel="analysis"))
-        elif kind == "web_search_call":
-            return  # results are not stored in the item; see the module docstring
+        elif registry.for_item_type(kind) is not None:
+            tool = registry.for_item_type(kind)
+            assert tool is not None
+            self.messages.extend(tool.replay(item))  # a web search replays nothing
         elif kind == "item_reference":
             raise ValueError("resolve item_reference items before rendering a harmony prompt")
         else:
@@ -272,35 +242,28 @@ def build_conversation(
     instructions: str | None = None,
     tools: Sequence[Any] = (),
     reasoning: Any = None,
-    python: bool | None = None,
-    browser: bool | None = None,
-    python_description: str | None = None,
+    builtin: Sequence[ToolNamespaceConfig] | None = None,
     today: date | None = None,
     knowledge_cutoff: str = KNOWLEDGE_CUTOFF,
     model_identity: str | None = None,
 ) -> Conversation:
     """The harmony conversation for a request (no tokens yet).
 
-    ``python`` / ``browser`` default to whether ``tools`` holds a ``code_interpreter`` /
-    ``web_search`` tool; pass them to override (e.g. no browser backend configured).
+    ``builtin`` (the namespaces of the built-in tools to describe) defaults to those the
+    built-in tools in ``tools`` enable, with default settings (``builtin_namespaces``).
     """
     history = _History()
     items = [{"role": "user", "content": input}] if isinstance(input, str) else input
     for item in items:
         history.add(_as_dict(item))
-    if python is None:
-        python = _builtin_enabled(tools, ("code_interpreter",))
-    if browser is None:
-        browser = _builtin_enabled(tools, ("web_search", "web_search_preview"))
+    if builtin is None:
+        builtin = builtin_namespaces(tools)
     messages = [
         system_message(
             effort=_effort(reasoning),
             today=today or date.today(),
             knowledge_cutoff=knowledge_cutoff,
-            python_description=(python_description or python_tool_description())
-            if python
-            else None,
-            browser=browser,
+            builtin=builtin,
             model_identity=model_identity,
         )
     ]
@@ -329,14 +292,13 @@ def render_request(
         conversation, Role.ASSISTANT, RenderConversationConfig(auto_drop_analysis=False)
     )
     system = conversation.messages[0].content[0]
-    builtin = getattr(system, "tools", None) or {}
+    builtin = tuple(getattr(system, "tools", None) or {})  # the namespaces it describes
     names = tuple(t.name for t in function_tools(options.get("tools", ())))
     return HarmonyPrompt(
         conversation=conversation,
         token_ids=list(ids),
         stop_token_ids=tuple(encoding.stop_tokens_for_assistant_actions()),
-        python="python" in builtin,
-        browser="browser" in builtin,
+        builtin=builtin,
         function_names=names,
     )
 
