@@ -12,22 +12,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._access import field as get
+from nbresponses.traffic.access import field as get
+from nbresponses.traffic.events import LIFECYCLE, TERMINAL
+
 from ._inputs import ResponseSource, Source, StreamSource
 
 __all__ = ["Part", "StreamSummary", "iter_parts", "parts_of_response", "summarize_stream"]
-
-_LIFECYCLE = frozenset(
-    {
-        "response.created",
-        "response.queued",
-        "response.in_progress",
-        "response.completed",
-        "response.failed",
-        "response.incomplete",
-    }
-)
-_TERMINAL = frozenset({"response.completed", "response.failed", "response.incomplete"})
 
 
 @dataclass
@@ -76,10 +66,10 @@ def summarize_stream(stream: StreamSource) -> StreamSummary:
     parts: dict[tuple[int, int], _PartEvents] = {}
     for event in stream.events:
         kind = get(event, "type")
-        if kind in _LIFECYCLE:
+        if kind in LIFECYCLE:
             snapshot = get(event, "response")
             if snapshot is not None and not terminal:
-                response, terminal = snapshot, kind in _TERMINAL
+                response, terminal = snapshot, kind in TERMINAL
         elif kind in ("response.output_text.delta", "response.output_text.done"):
             key = (get(event, "output_index", 0), get(event, "content_index", 0))
             part = parts.setdefault(key, _PartEvents())

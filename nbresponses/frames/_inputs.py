@@ -15,12 +15,11 @@ from dataclasses import dataclass, field
 from numbers import Real
 from typing import Any
 
-from ._access import field as get
-from ._access import kind_of
+from nbresponses.traffic.access import field as get
+from nbresponses.traffic.access import kind_of
+from nbresponses.traffic.events import STARTED
 
 __all__ = ["ResponseSource", "Source", "StreamSource", "collect"]
-
-_STARTS = frozenset({"response.created", "response.queued"})
 
 
 @dataclass
@@ -70,7 +69,7 @@ class _Collector:
     def add_event(self, event: Any, time: float) -> None:
         seq = get(event, "sequence_number")
         restart = self.last_seq is not None and isinstance(seq, int) and seq <= self.last_seq
-        if self.stream is not None and (restart or get(event, "type") in _STARTS):
+        if self.stream is not None and (restart or get(event, "type") in STARTED):
             self.end_stream()
         if self.stream is None:
             self.stream = StreamSource(index=self.streams)

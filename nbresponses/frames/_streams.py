@@ -5,26 +5,19 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ._access import field
+from nbresponses.traffic.access import field
+from nbresponses.traffic.events import snapshot_rank
+
 from ._inputs import StreamSource
 
 __all__ = ["first_time", "stream_response", "stream_response_id"]
-
-_LIFECYCLE_ORDER = {
-    "response.created": 0,
-    "response.queued": 0,
-    "response.in_progress": 1,
-    "response.completed": 2,
-    "response.failed": 2,
-    "response.incomplete": 2,
-}
 
 
 def stream_response(stream: StreamSource) -> Any | None:
     """The most final Response snapshot the stream carries (terminal > in_progress > created)."""
     best, best_rank = None, -1
     for event in stream.events:
-        rank = _LIFECYCLE_ORDER.get(field(event, "type"), -1)
+        rank = snapshot_rank(field(event, "type"))
         snapshot = field(event, "response")
         if rank >= best_rank and rank >= 0 and snapshot is not None:
             best, best_rank = snapshot, rank

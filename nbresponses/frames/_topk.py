@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ._access import field, getter
+from nbresponses.traffic.access import field, getter
 
 __all__ = ["TopK", "flat_tokens", "row_stats", "top_matrix"]
 

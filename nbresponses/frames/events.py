@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ._access import field
+from nbresponses.traffic.access import field
+
 from ._columns import categorical, nullable_int
 from ._inputs import StreamSource, collect
 from ._streams import first_time, stream_response_id

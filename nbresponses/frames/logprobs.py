@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ._access import field, getter
+from nbresponses.traffic.access import field, getter
+
 from ._columns import categorical, nullable_int, repeat_categorical, string
 from ._fold import Part, iter_parts
 from ._gc import gc_paused

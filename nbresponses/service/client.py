@@ -27,8 +27,6 @@ from nbresponses.service.store import Record, ResponseStore
 from nbresponses.service.stream import ResponseEventStream
 from nbresponses.tokens.contract import SamplingParams, TokenSource
 
-TERMINAL = ("completed", "incomplete", "failed", "cancelled")
-
 
 class AsyncResponsesClient:
     """A local stand-in for ``openai.AsyncOpenAI`` with the Responses API only.

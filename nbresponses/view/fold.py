@@ -14,16 +14,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from nbresponses.traffic.events import NON_TERMINAL, TERMINAL
+
 from ._plain import clone, fields, plain
 from .patches import PatchBuffer
-
-TERMINAL = {
-    "response.completed": "completed",
-    "response.failed": "failed",
-    "response.incomplete": "incomplete",
-    "response.cancelled": "cancelled",
-}
-LIFECYCLE = ("response.created", "response.queued", "response.in_progress")
 
 # Status events of hosted tool calls: event type prefix -> item status is the last word.
 _TOOL_STATUS_PREFIXES = (
@@ -132,7 +126,7 @@ class Folder:
             "response.mcp_call_arguments.done": self._field_done("mcp_call", "arguments"),
             "error": self._error,
         }
-        for kind in LIFECYCLE:
+        for kind in NON_TERMINAL:
             self._handlers[kind] = self._lifecycle
         for kind in TERMINAL:
             self._handlers[kind] = self._terminal
@@ -195,6 +189,21 @@ class Folder:
         if interrupted:
             self._set(["view", "interrupted"], True)
         self._set(["view", "phase"], "done")
+
+    def mark_cancelled(self) -> None:
+        """The reader stopped the stream: the view says so, and the response is cancelled
+        unless a terminal event already said how it ended."""
+        self._set(["view", "cancelled"], True)
+        if self.terminal is None:
+            self._set(["response", "status"], "cancelled")
+
+    def record_exception(self, exc: BaseException) -> None:
+        """The source raised while being read: shown in place of the missing end."""
+        self._set(["view", "exception"], {"type": type(exc).__name__, "message": str(exc)})
+
+    def record_error(self, message: str) -> None:
+        """An error the reader met (a failing cancel hook), listed with the stream's errors."""
+        self._error({"message": message}, "error")
 
     # ------------------------------------------------------------------ state helpers
 
@@ -354,13 +363,26 @@ class Folder:
     def _text_done(self, ev: dict[str, Any], kind: str) -> None:
         index, item = self._item(ev, "message")
         ci = ev.get("content_index", 0)
-        part = self._part(index, item, "content", ci, _TEXT_PART)
-        text = ev.get("text")
-        if isinstance(text, str) and text != part.get("text"):
-            self._set(["response", "output", index, "content", ci, "text"], text)
+        part = self._part_text_done(ev, index, item, "content", ci, _TEXT_PART)
         logprobs = ev.get("logprobs")
         if logprobs and not part.get("logprobs"):
             self._set(["response", "output", index, "content", ci, "logprobs"], plain(logprobs))
+
+    def _part_text_done(
+        self,
+        ev: dict[str, Any],
+        index: int,
+        item: dict[str, Any],
+        holder: str,
+        position: int,
+        template: dict[str, Any],
+    ) -> dict[str, Any]:
+        """A ``*.done`` event's full text replaces what the deltas built, if it differs."""
+        part = self._part(index, item, holder, position, template)
+        text = ev.get("text")
+        if isinstance(text, str) and text != part.get("text"):
+            self._set(["response", "output", index, holder, position, "text"], text)
+        return part
 
     def _annotation_added(self, ev: dict[str, Any], kind: str) -> None:
         index, item = self._item(ev, "message")
@@ -385,18 +407,12 @@ class Folder:
     def _summary_text_done(self, ev: dict[str, Any], kind: str) -> None:
         index, item = self._item(ev, "reasoning")
         si = ev.get("summary_index", 0)
-        part = self._part(index, item, "summary", si, _SUMMARY_PART)
-        text = ev.get("text")
-        if isinstance(text, str) and text != part.get("text"):
-            self._set(["response", "output", index, "summary", si, "text"], text)
+        self._part_text_done(ev, index, item, "summary", si, _SUMMARY_PART)
 
     def _reasoning_text_done(self, ev: dict[str, Any], kind: str) -> None:
         index, item = self._item(ev, "reasoning")
         ci = ev.get("content_index", 0)
-        part = self._part(index, item, "content", ci, _REASONING_PART)
-        text = ev.get("text")
-        if isinstance(text, str) and text != part.get("text"):
-            self._set(["response", "output", index, "content", ci, "text"], text)
+        self._part_text_done(ev, index, item, "content", ci, _REASONING_PART)
 
     def _field_done(self, item_type: str, key: str) -> Callable[[dict[str, Any], str], None]:
         def handle(ev: dict[str, Any], kind: str) -> None:

@@ -128,7 +128,7 @@ class ResponseView(anywidget.AnyWidget):
             try:
                 await call_hook(self._interrupt)
             except Exception as exc:
-                self._folder._error({"message": f"cancel hook failed: {exc}"}, "error")
+                self._folder.record_error(f"cancel hook failed: {exc}")
         if self._task is not None and not self._task.done():
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -197,9 +197,7 @@ class ResponseView(anywidget.AnyWidget):
             interrupted = False
         except Exception as exc:
             self._exception = exc
-            self._folder._set(
-                ["view", "exception"], {"type": type(exc).__name__, "message": str(exc)}
-            )
+            self._folder.record_exception(exc)
         self._finish(interrupted=interrupted)
 
     async def _close_source(self) -> None:
@@ -209,9 +207,7 @@ class ResponseView(anywidget.AnyWidget):
                 await call_hook(self._closer)
 
     def _mark_cancelled(self) -> None:
-        self._folder._set(["view", "cancelled"], True)
-        if self._folder.terminal is None:
-            self._folder._set(["response", "status"], "cancelled")
+        self._folder.mark_cancelled()
 
     def _flush(self) -> None:
         """Send what changed since the last flush as one patch message."""
