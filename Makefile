@@ -42,3 +42,4 @@ test-fast: install
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy

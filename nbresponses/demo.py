@@ -13,11 +13,20 @@ import math
 import sys
 import time
 
+from openai.types.responses import (
+    ResponseCompletedEvent,
+    ResponseFailedEvent,
+    ResponseIncompleteEvent,
+    ResponseTextDeltaEvent,
+)
+
+FINAL_EVENTS = (ResponseCompletedEvent, ResponseIncompleteEvent, ResponseFailedEvent)
 DEFAULT_PROMPT = "Explain in two sentences why the sky is blue."
 
 
 async def stream_answer(args: argparse.Namespace) -> int:
     from nbresponses.engine import Engine
+    from nbresponses.service.stream import ResponseEventStream
 
     engine = await Engine.load(args.model, args.quantization, cache_dir=args.cache_dir)
     try:
@@ -34,14 +43,15 @@ async def stream_answer(args: argparse.Namespace) -> int:
             include=["message.output_text.logprobs"],
             stream=True,
         )
+        assert isinstance(stream, ResponseEventStream)
         async for event in stream:
-            if event.type == "response.output_text.delta":
+            if isinstance(event, ResponseTextDeltaEvent):
                 if first_delta is None:
                     first_delta = time.perf_counter()
                     first_token = event.logprobs[0] if event.logprobs else None
                 sys.stdout.write(event.delta)
                 sys.stdout.flush()
-            elif event.type in ("response.completed", "response.incomplete", "response.failed"):
+            elif isinstance(event, FINAL_EVENTS):
                 final = event.response
         end = time.perf_counter()
         print()

@@ -98,7 +98,9 @@ class Engine:
             from nbresponses.server.inprocess import InProcessServer
 
             self._inprocess = InProcessServer(self._client)
-        return self._inprocess.openai(sync=sync, **options)
+        if sync:
+            return self._inprocess.openai(sync=True, **options)
+        return self._inprocess.openai(**options)
 
     async def aclose(self) -> None:
         """Stop the decode thread; unfinished requests end as cancelled."""

@@ -74,7 +74,7 @@ async def test_bad_arguments_and_backend_errors_go_back_to_the_model() -> None:
         assert not answer.ok and answer.item == {}
         assert answer.text.startswith("Error: ")
         # the item still gets an action: the one its arguments say, or the function's fallback
-        assert BrowserTool.opening(ToolCall(name, args))["action"]["type"] in (
+        assert tool.opening(ToolCall(name, args))["action"]["type"] in (
             "search", "open_page", "find_in_page"
         )  # fmt: skip
 

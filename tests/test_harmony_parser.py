@@ -229,7 +229,9 @@ def test_browser_calls(enc: HarmonyEncoding, recipient: str, args: str, action: 
         True,
         args,
     )
-    assert BrowserTool.opening(ToolCall(end.name, end.text))["action"] == action  # the tool's call
+    assert (
+        BrowserTool(None).opening(ToolCall(end.name, end.text))["action"] == action
+    )  # the tool's call
     if action.get("url") is not None:
         item = {"id": "ws_1", "status": "completed", "type": "web_search_call", "action": action}
         ResponseFunctionWebSearch.model_validate(item)
@@ -245,7 +247,7 @@ def test_bad_browser_args_and_unknown_recipients(enc: HarmonyEncoding) -> None:
     assert web.kind == "web_search_call" and web.text == "{nope"  # the tool reads its arguments
     with pytest.raises(ValueError):
         action_of(web.name, web.text)
-    assert BrowserTool.opening(ToolCall(web.name, web.text))["action"] == {"type": "search"}
+    assert BrowserTool(None).opening(ToolCall(web.name, web.text))["action"] == {"type": "search"}
     assert other.kind == "function_call" and other.name == "container.exec" and not other.valid
     assert "unknown recipient" in (other.error or "")
 

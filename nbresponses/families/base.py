@@ -21,8 +21,15 @@ from nbresponses.tokens.contract import TokenIdLogprob
 class Decoder(Protocol):
     """Turns one response's generated tokens into builder calls, across tool rounds."""
 
-    reasoning_tokens: int
-    replay: Mapping[str, Any]  # item id -> the item as the model saw it (for later turns)
+    @property
+    def reasoning_tokens(self) -> int:
+        """Tokens spent reasoning so far (for usage)."""
+        ...
+
+    @property
+    def replay(self) -> Mapping[str, Any]:
+        """Item id -> the item as the model saw it (later turns render that one)."""
+        ...
 
     def feed(self, token_id: int, logprob: TokenIdLogprob | None) -> None:
         """One generated token (with its logprob when the request asked for them)."""

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from nbresponses.families.base import Family
-from nbresponses.tokens.contract import TokenSource
+from nbresponses.tokens.contract import Tokenizer, TokenSource
 
 FamilyName = Literal["auto", "chat", "harmony"]
 HARMONY_MODEL_TYPES = ("gpt_oss",)
@@ -26,7 +26,7 @@ def _model_type(config: Any) -> str | None:
     return getattr(config, "model_type", None)
 
 
-def _knows_harmony(tokenizer: Any) -> bool:
+def _knows_harmony(tokenizer: Tokenizer | None) -> bool:
     if tokenizer is None:
         return False
     try:
@@ -37,7 +37,11 @@ def _knows_harmony(tokenizer: Any) -> bool:
 
 
 def select_family(
-    family: FamilyName | Family, *, source: TokenSource, tokenizer: Any, config: Any = None
+    family: FamilyName | Family,
+    *,
+    source: TokenSource,
+    tokenizer: Tokenizer | None,
+    config: Any = None,
 ) -> Family:
     """The family for this model (see the module docstring)."""
     if not isinstance(family, str):

@@ -17,7 +17,7 @@ from functools import lru_cache
 from typing import Any
 
 from nbresponses.protocol.events import TokenLogprob
-from nbresponses.tokens.contract import TokenIdLogprob
+from nbresponses.tokens.contract import TokenIdLogprob, Tokenizer
 
 _REPLACEMENT = "\ufffd"
 
@@ -25,7 +25,7 @@ _REPLACEMENT = "\ufffd"
 class IncrementalDetokenizer:
     """Turns one request's generated ids into text deltas made of whole characters."""
 
-    def __init__(self, tokenizer: Any, *, skip_special_tokens: bool = True) -> None:
+    def __init__(self, tokenizer: Tokenizer, *, skip_special_tokens: bool = True) -> None:
         self._tokenizer = tokenizer
         self._skip = skip_special_tokens
         self._ids: list[int] = []
@@ -108,7 +108,7 @@ class CachedTokenBytes:
 class TokenBytes(CachedTokenBytes):
     """Token bytes from a transformers tokenizer (byte-level BPE or sentencepiece pieces)."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Tokenizer) -> None:
         super().__init__()
         self._tokenizer = tokenizer
         self._byte_level = _is_byte_level(tokenizer)

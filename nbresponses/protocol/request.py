@@ -198,7 +198,7 @@ def _tools(value: Any) -> list[Tool]:
         tool = tool.model_dump(exclude_none=True) if hasattr(tool, "model_dump") else tool
         kind = tool.get("type") if isinstance(tool, Mapping) else type(tool).__name__
         if isinstance(kind, str) and registry.for_request_type(kind) is not None:
-            tools.append(_builtin_tool(dict(tool), f"tools[{i}]"))  # type: ignore[arg-type]
+            tools.append(_builtin_tool(dict(tool), f"tools[{i}]"))
             continue
         if not isinstance(tool, Mapping) or kind != "function":
             raise unsupported(

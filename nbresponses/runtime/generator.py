@@ -23,7 +23,7 @@ from nbresponses.runtime import sampling
 from nbresponses.runtime.prefix_cache import PrefixCache
 from nbresponses.runtime.runner import OnnxRunner
 from nbresponses.runtime.scheduler import Request, Scheduler
-from nbresponses.tokens.contract import GenerationStats, SamplingParams, Step
+from nbresponses.tokens.contract import GenerationStats, SamplingParams, Step, Tokenizer
 
 DEFAULT_KV_BUDGET = 4 << 30  # bytes of running-batch KV (left padding included)
 DEFAULT_PREFIX_CACHE = 512 << 20  # bytes of finished requests' KV kept for reuse
@@ -75,10 +75,8 @@ class GenerationStream:
     step; ``request_id`` identifies it in logs.
     """
 
-    def __init__(
-        self, engine: TokenGenerator, request: Request, queue: asyncio.Queue[Step]
-    ) -> None:
-        self._engine = engine
+    def __init__(self, scheduler: Scheduler, request: Request, queue: asyncio.Queue[Step]) -> None:
+        self._scheduler = scheduler
         self._request = request
         self._queue = queue
         self._finished = False
@@ -108,7 +106,7 @@ class GenerationStream:
 
     def cancel(self) -> None:
         if not self._request.done:
-            self._engine._scheduler.cancel(self._request)
+            self._scheduler.cancel(self._request)
 
     async def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until no request runs or waits and the prefix cache holds every finished
@@ -138,7 +136,7 @@ class TokenGenerator:
         kv_budget_bytes: int = DEFAULT_KV_BUDGET,
         prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE,
         threads: int | None = None,
-        tokenizer: Any | None = None,
+        tokenizer: Tokenizer | None = None,
     ) -> None:
         """Load a prepared model synchronously (seconds); in a kernel use ``await load()``."""
         if max_batch_size < 1:
@@ -237,7 +235,7 @@ class TokenGenerator:
             budget_tokens=min(len(prompt) + params.max_tokens, self._context_length),
         )
         self._scheduler.submit(request)
-        return GenerationStream(self, request, queue)
+        return GenerationStream(self._scheduler, request, queue)
 
     # -- control ------------------------------------------------------------------------------
 
@@ -304,11 +302,12 @@ def exact_threads(prepared: PreparedModel, threads: int | None) -> int:
     return wanted
 
 
-def _eos_ids(tokenizer: Any, prepared: PreparedModel) -> tuple[int, ...]:
+def _eos_ids(tokenizer: Tokenizer, prepared: PreparedModel) -> tuple[int, ...]:
     """The tokenizer's eos (repaired at prepare time) plus generation_config's, if consistent."""
     ids: list[int] = []
-    if getattr(tokenizer, "eos_token_id", None) is not None:
-        ids.append(int(tokenizer.eos_token_id))
+    eos_id = getattr(tokenizer, "eos_token_id", None)
+    if eos_id is not None:
+        ids.append(int(eos_id))
     path = prepared.path / "generation_config.json"
     if path.is_file():
         import json

@@ -34,7 +34,13 @@ from nbresponses.runtime import sampling
 from nbresponses.runtime.kv import DecodingRows, EndPaddedKV, RowKV, SeparateKV
 from nbresponses.runtime.prefix_cache import PrefixCache
 from nbresponses.runtime.runner import OnnxRunner
-from nbresponses.tokens.contract import GenerationStats, SamplingParams, Step, TokenIdLogprob
+from nbresponses.tokens.contract import (
+    FinishReason,
+    GenerationStats,
+    SamplingParams,
+    Step,
+    TokenIdLogprob,
+)
 
 PREFILL_CHUNK = 512  # prompt tokens per prefill run (even): bounds attention and logits memory
 IDLE_CHUNK = 64  # tokens per run when re-computing a finished answer while idle (even)
@@ -298,7 +304,7 @@ class Scheduler:
         stats.output_tokens = len(request.generated)
         if stats.first_token_time is None:
             stats.first_token_time = time.perf_counter()
-        reason = None
+        reason: FinishReason | None = None
         if token in self.stop_ids or token in params.stop_token_ids:
             reason = "stop"
         elif (

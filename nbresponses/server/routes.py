@@ -16,6 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from openai.types.responses import Response as ResponsesResponse
 from pydantic import BaseModel
 from starlette.datastructures import QueryParams
 from starlette.requests import Request
@@ -31,7 +32,9 @@ from nbresponses.service.stream import ResponseEventStream
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20
 # SDK keywords that shape the HTTP call itself: never valid inside a JSON body.
 TRANSPORT_KEYS = ("extra_headers", "extra_query", "extra_body", "timeout")
-Handler = Callable[[Request], Awaitable[Response]]
+# An endpoint answers with a Starlette Response or an SSE stream (an ASGI app of its own).
+Answer = Response | EventStreamResponse
+Handler = Callable[[Request], Awaitable[Answer]]
 
 
 def json_model(model: BaseModel, status: int = 200) -> Response:
@@ -87,7 +90,7 @@ class ResponsesAPI:
         return Router(routes=self.routes)
 
     def _guard(self, handler: Handler, *, auth: bool = True) -> Handler:
-        async def endpoint(request: Request) -> Response:
+        async def endpoint(request: Request) -> Answer:
             try:
                 if self.closing:
                     raise HTTPError(503, "The server is shutting down.", type_="server_error")
@@ -209,7 +212,7 @@ class ResponsesAPI:
             )
         return JSONResponse(self._model())
 
-    async def create(self, request: Request) -> Response:
+    async def create(self, request: Request) -> Answer:
         body = await self._json_body(request)
         if body.get("stream") is True:
             stream = await self.client.responses.create(**body)
@@ -230,22 +233,29 @@ class ResponsesAPI:
         if work.cancelled():
             return Response(status_code=499)  # nobody is there to read it
         result = work.result()
+        assert isinstance(result, ResponsesResponse)  # not streamed: the Response itself
         if result.background:
             self._track(result.id)
         return json_model(result)
 
-    async def retrieve(self, request: Request) -> Response:
+    async def retrieve(self, request: Request) -> Answer:
         response_id = request.path_params["response_id"]
         query = request.query_params
         stream = self._query_bool(query, "stream")
-        kwargs = {
-            "stream": stream,
-            "starting_after": self._query_int(query, "starting_after"),
-            "include": self._query_list(query, "include"),
-            "include_obfuscation": self._query_bool(query, "include_obfuscation"),
-        }
+        starting_after = self._query_int(query, "starting_after")
+        include = self._query_list(query, "include")
+        obfuscation = self._query_bool(query, "include_obfuscation")
         loop = self._owner(request, response_id, read_only=not stream)
-        result = await on_loop(loop, lambda: self.client.responses.retrieve(response_id, **kwargs))
+        result = await on_loop(
+            loop,
+            lambda: self.client.responses.retrieve(
+                response_id,
+                stream=stream,
+                starting_after=starting_after,
+                include=include,
+                include_obfuscation=obfuscation,
+            ),
+        )
         if isinstance(result, ResponseEventStream):
             return self._sse(result, loop)
         return json_model(result)

@@ -61,7 +61,8 @@ def make_server(
         port=port,
         log_level=log_level,
         lifespan="on",
-        timeout_graceful_shutdown=grace,
+        # uvicorn's annotation says int; it waits with asyncio, which takes seconds as float
+        timeout_graceful_shutdown=grace,  # type: ignore[arg-type]
         **uvicorn_options,
     )
     return Server(config, app.state.api, grace)

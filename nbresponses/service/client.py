@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from openai.types.responses import Response, ResponseItemList
 from openai.types.responses.response_text_config import ResponseTextConfig
@@ -25,7 +25,7 @@ from nbresponses.protocol.request import CreateRequest, given, parse_create
 from nbresponses.service.run import Generation, ResponseRun
 from nbresponses.service.store import Record, ResponseStore
 from nbresponses.service.stream import ResponseEventStream
-from nbresponses.tokens.contract import SamplingParams, TokenSource
+from nbresponses.tokens.contract import SamplingParams, Tokenizer, TokenSource
 
 
 class AsyncResponsesClient:
@@ -41,7 +41,7 @@ class AsyncResponsesClient:
     def __init__(
         self,
         source: TokenSource,
-        tokenizer: Any,
+        tokenizer: Tokenizer | None,
         *,
         model: str,
         family: FamilyName | Family = "auto",
@@ -89,16 +89,16 @@ class AsyncInputItems:
             if after not in ids:
                 raise bad_request(f"No item with id '{after}'.", param="after")
             items = items[ids.index(after) + 1 :]
-        limit = 20 if not given(limit) else limit
-        if not 1 <= limit <= 100:
+        size = limit if limit is not None and given(limit) else 20
+        if not 1 <= size <= 100:
             raise bad_request("'limit' must be between 1 and 100.", param="limit")
-        page = items[:limit]
+        page: list[Any] = items[:size]  # input items are the SDK's item types
         return ResponseItemList(
             object="list",
             data=page,
             first_id=page[0].id if page else "",
             last_id=page[-1].id if page else "",
-            has_more=len(items) > limit,
+            has_more=len(items) > size,
         )
 
 
@@ -203,7 +203,7 @@ class AsyncResponses:
             reasoning=req.reasoning,
             text=ResponseTextConfig(format=ResponseFormatText(type="text")),
             truncation="disabled",
-            **req.echoed,
+            **cast(dict[str, Any], req.echoed),  # labels the SDK echoes (user, ...)
         )
 
     # -- what a server needs to know -----------------------------------------------------
@@ -249,7 +249,7 @@ class AsyncResponses:
             return record.run.response.model_copy(deep=True)
         if not record.background:
             raise bad_request("Only background responses can be streamed again.", param="stream")
-        after = starting_after if given(starting_after) else -1
+        after = starting_after if starting_after is not None and given(starting_after) else -1
         if after < -1:
             raise bad_request("'starting_after' must be -1 or more.", param="starting_after")
         return ResponseEventStream(record.run, after=after)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 
@@ -81,3 +81,26 @@ class TokenSource(Protocol):
     ) -> AsyncIterator[Step]:
         """Stream the steps of one request. Cancelling the consuming task frees its batch row."""
         ...
+
+
+class Tokenizer(Protocol):
+    """What this package asks of a tokenizer: a transformers ``PreTrainedTokenizerBase`` is one.
+
+    Families render and read text with it; the engine itself never needs one (it speaks ids).
+    """
+
+    @property
+    def eos_token_id(self) -> int | None: ...
+
+    @property
+    def chat_template(self) -> str | None: ...
+
+    def encode(self, text: str, *args: Any, **kwargs: Any) -> list[int]: ...
+
+    def decode(self, token_ids: Any, *args: Any, **kwargs: Any) -> str: ...
+
+    def convert_ids_to_tokens(self, ids: Any, *args: Any, **kwargs: Any) -> Any: ...
+
+    def apply_chat_template(self, conversation: Any, *args: Any, **kwargs: Any) -> Any: ...
+
+    def get_vocab(self) -> dict[str, int]: ...

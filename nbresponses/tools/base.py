@@ -128,13 +128,12 @@ class BuiltinTool(ABC):
         (none when the item does not hold what the model saw)."""
         return []
 
-    @classmethod
-    def opening(cls, call: ToolCall | None) -> dict[str, Any]:
+    # -- what an instance does --------------------------------------------------------------
+
+    def opening(self, call: ToolCall | None) -> dict[str, Any]:
         """The fields of the call's item when it opens (``call`` is None when the call's
         text is still to stream) or when a call that will not run is given up."""
         return {}
-
-    # -- what an instance does --------------------------------------------------------------
 
     @abstractmethod
     async def run(self, call: ToolCall) -> ToolAnswer:

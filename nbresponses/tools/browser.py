@@ -117,8 +117,7 @@ class BrowserTool(BuiltinTool):
     def namespace(cls, **settings: Any) -> ToolNamespaceConfig:
         return ToolNamespaceConfig.browser()
 
-    @classmethod
-    def opening(cls, call: ToolCall | None) -> dict[str, Any]:
+    def opening(self, call: ToolCall | None) -> dict[str, Any]:
         """The item opens when the call runs, with the action its arguments say."""
         assert call is not None, "a browser call's item opens with its arguments"
         try:

@@ -133,7 +133,7 @@ def _unshare_prefix() -> tuple[str, ...]:
     unshare = shutil.which("unshare")
     if unshare is None:
         return ()
-    options = [("--net",)] if os.geteuid() == 0 else []
+    options: list[tuple[str, ...]] = [("--net",)] if os.geteuid() == 0 else []
     options.append(("--user", "--map-root-user", "--net"))
     for opts in options:
         cmd = (unshare, *opts, "--")

@@ -31,7 +31,7 @@ def _logprob(data: Any) -> Any:
 
 def to_response(data: dict[str, Any]) -> Response:
     """A Response from the folded dict (``None`` placeholders for missing items dropped)."""
-    output = []
+    output: list[Any] = []
     logprobs: dict[tuple[int, int], list[Any]] = {}
     for item in data.get("output") or []:
         if item is None:
@@ -47,7 +47,7 @@ def to_response(data: dict[str, Any]) -> Response:
         output.append(item)
     response = Response.construct(**{**data, "output": output})
     for (i, j), values in logprobs.items():
-        part = response.output[i].content[j]  # type: ignore[union-attr]
+        part = getattr(response.output[i], "content")[j]  # noqa: B009 (a message, by construction)
         object.__setattr__(part, "logprobs", [_logprob(lp) for lp in values])
         fields_set = getattr(part, "__pydantic_fields_set__", None)
         if isinstance(fields_set, set):

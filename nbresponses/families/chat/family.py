@@ -23,7 +23,7 @@ from nbresponses.protocol.errors import bad_request, unsupported
 from nbresponses.protocol.events import EventBuilder, TokenLogprob
 from nbresponses.protocol.items import BUILTIN_ITEMS
 from nbresponses.protocol.request import CreateRequest
-from nbresponses.tokens.contract import TokenIdLogprob
+from nbresponses.tokens.contract import TokenIdLogprob, Tokenizer
 
 HARMONY_ONLY = "needs a gpt-oss (harmony) model; this model uses a chat template"
 
@@ -33,7 +33,7 @@ class ChatFamily:
 
     name = "chat"
 
-    def __init__(self, tokenizer: Any, *, eos_token_ids: Sequence[int]) -> None:
+    def __init__(self, tokenizer: Tokenizer, *, eos_token_ids: Sequence[int]) -> None:
         self.tokenizer = tokenizer
         self.caps = TemplateCapabilities.of(tokenizer)
         self._bytes = TokenBytes(tokenizer)
@@ -89,7 +89,7 @@ class ChatDecoder:
     def __init__(
         self,
         builder: EventBuilder,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         token_bytes: TokenBytes,
         eos: Sequence[int],
         *,

@@ -44,7 +44,9 @@ def to_chat(items: Iterable[Any], instructions: str | None) -> list[dict[str, An
         elif isinstance(item, ResponseOutputMessage):
             t = assistant()
             parts = item.content
-            text = "".join(getattr(p, "text", None) or getattr(p, "refusal", "") for p in parts)
+            text = "".join(
+                getattr(p, "text", None) or getattr(p, "refusal", None) or "" for p in parts
+            )
             t["content"] = f"{t['content']}\n{text}" if t["content"] else text
         elif isinstance(item, ResponseReasoningItem):
             t = assistant()

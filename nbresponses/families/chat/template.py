@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from nbresponses.families.chat.parser import THINK_CLOSE, THINK_OPEN, TOOL_OPEN
+from nbresponses.tokens.contract import Tokenizer
 
 ToolMode = Literal["none", "auto", "required"]
 
@@ -52,7 +53,7 @@ class TemplateCapabilities:
     reasoning_effort: bool
 
     @classmethod
-    def of(cls, tokenizer: Any) -> TemplateCapabilities:
+    def of(cls, tokenizer: Tokenizer) -> TemplateCapabilities:
         source = tokenizer.chat_template or ""
         if isinstance(source, dict):
             source = "\n".join(str(v) for v in source.values())
@@ -87,7 +88,7 @@ def tool_schema(name: str, description: str | None, parameters: dict[str, Any] |
 
 
 def render(
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     messages: Sequence[dict[str, Any]],
     *,
     tools: Sequence[dict[str, Any]] = (),

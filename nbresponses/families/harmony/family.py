@@ -31,7 +31,7 @@ from nbresponses.families.harmony import (
 from nbresponses.families.harmony.token_bytes import HarmonyTokenBytes
 from nbresponses.families.text import protocol_logprob
 from nbresponses.protocol.errors import bad_request, unsupported
-from nbresponses.protocol.events import EventBuilder
+from nbresponses.protocol.events import EventBuilder, ItemStatus
 from nbresponses.protocol.ids import new_id
 from nbresponses.protocol.request import CreateRequest
 from nbresponses.tokens.contract import TokenIdLogprob
@@ -234,7 +234,7 @@ class HarmonyDecoder:
 
     def _end(self, ev: SegmentEnd) -> None:
         b = self._b
-        status = "incomplete" if ev.cut_off else "completed"
+        status: ItemStatus = "incomplete" if ev.cut_off else "completed"
         tool = self._tools.get(ev.kind)
         if ev.kind in ("reasoning", "text"):
             b.close(status)
