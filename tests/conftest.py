@@ -7,19 +7,14 @@ CI on a fresh machine prepares everything once per run.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
+from helpers.paths import TEST_CACHE
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, str(Path(__file__).parent))
-
-TEST_CACHE = Path(
-    os.environ.get("NBRESPONSES_TEST_CACHE", Path.home() / ".cache" / "nbresponses-test")
-)
 
 
 @pytest.fixture(scope="session")
@@ -46,7 +41,7 @@ def tokenizer(tokenizer_dir: Path):
 @pytest.fixture(scope="session")
 def tiny_source(cache_dir: Path, tokenizer_dir: Path) -> Path:
     """A Hugging Face folder with a tiny random-weight Llama (seeded: always the same weights)."""
-    from tiny_model import build_tiny_llama
+    from helpers.tiny_model import build_tiny_llama
 
     folder = cache_dir / "tiny-llama-src"
     if not (folder / "config.json").is_file():

@@ -14,8 +14,8 @@ import venv
 from pathlib import Path
 
 import pytest
+from helpers.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 BINDER = ROOT / "binder"
 
 

@@ -13,8 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from helpers.paths import ROOT
 
 
 @pytest.mark.slow

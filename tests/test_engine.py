@@ -1,401 +1,164 @@
-"""Engine mechanics on the tiny random Llama: PyTorch parity, batching, cancellation, errors."""
+"""nbr.Engine end to end: the real ONNX engine behind the Responses client, views and frames."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import time
-
-import numpy as np
 import pytest
-from engine_helpers import (
-    PROMPTS,
-    chat_ids,
-    collect,
-    run_all,
-    settle,
-    tokens,
-    torch_greedy,
-    torch_logprobs,
-)
+from helpers.responses import check_stream, fold
+from openai.types.responses import Response
 
-from nbresponses.runtime.generator import TokenGenerator
-from nbresponses.tokens.contract import SamplingParams, TokenSource
-
-GREEDY = SamplingParams(max_tokens=24, temperature=0)
-
-
-@pytest.fixture(scope="module")
-def torch_tiny(tiny_source):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(str(tiny_source)).eval()
-
-
-@pytest.fixture(scope="module")
-def prompts(tokenizer):
-    return [chat_ids(tokenizer, text) for text in PROMPTS]
+import nbresponses as nbr
+from nbresponses.engine import Engine
 
 
 @pytest.fixture
-async def engine(tiny_model, tokenizer):
-    eng = TokenGenerator(tiny_model, tokenizer=tokenizer)
-    yield eng
-    await eng.aclose()
+async def tiny_engine(tiny_source, cache_dir):
+    engine = await Engine.load(tiny_source, "fp32", cache_dir=cache_dir, progress=False)
+    yield engine
+    await engine.aclose()
 
 
-@pytest.fixture(scope="module")
-def tiny_fused_fp32(tiny_source, cache_dir):
-    from nbresponses.models.prepare import prepare_model
-
-    return prepare_model(tiny_source, "fused-fp32", cache_dir=cache_dir, progress=False)
-
-
-@pytest.fixture(scope="module")
-def references(torch_tiny, prompts, tokenizer):
-    return [torch_greedy(torch_tiny, p, GREEDY.max_tokens, tokenizer.eos_token_id) for p in prompts]
-
-
-async def test_is_a_token_source(engine):
-    assert isinstance(engine, TokenSource)
-    assert engine.context_length == 512
-    assert list(engine.eos_token_ids) == [engine.tokenizer.eos_token_id]
-
-
-async def test_greedy_and_logprobs_match_pytorch(engine, torch_tiny, prompts, references):
-    params = SamplingParams(max_tokens=24, temperature=0, logprobs=True, top_logprobs=5)
-    for prompt, expected in zip(prompts, references, strict=True):
-        steps, stats = await collect(engine, prompt, params)
-        got = tokens(steps)
-        assert got == expected
-        assert stats.prompt_tokens == len(prompt) and stats.output_tokens == len(got)
-        reference = torch_logprobs(torch_tiny, prompt, got)
-        for i, step in enumerate(steps):
-            (lp,) = step.logprobs
-            assert lp.token_id == got[i]
-            assert abs(lp.logprob - reference[i, got[i]]) < 1e-3
-            best = np.argsort(-reference[i], kind="stable")[:5]
-            assert [t for t, _ in lp.top] == best.tolist()
-            np.testing.assert_allclose([v for _, v in lp.top], reference[i, best], atol=1e-3)
-        assert steps[-1].finish_reason in ("length", "stop")
-
-
-async def test_no_logprobs_unless_asked(engine, prompts):
-    steps, _ = await collect(engine, prompts[0], SamplingParams(max_tokens=3, temperature=0))
-    assert all(s.logprobs is None for s in steps)
-    steps, _ = await collect(engine, prompts[0], SamplingParams(max_tokens=3, logprobs=True))
-    assert all(len(s.logprobs) == 1 and s.logprobs[0].top == () for s in steps)
-
-
-async def test_batched_equals_alone(engine, prompts, references):
-    """Prompts of different lengths decode together (left padding) exactly as alone."""
-    assert await run_all(engine, prompts * 3, GREEDY) == references * 3
-
-
-async def test_join_and_leave_mid_batch(engine, prompts, references):
-    """Requests arriving while others decode join the running batch; short ones leave early."""
-    long = SamplingParams(max_tokens=60, temperature=0)
-    first = asyncio.create_task(collect(engine, prompts[4], long))
-    while engine.decode_steps < 5:
-        await asyncio.sleep(0.001)
-    short = [SamplingParams(max_tokens=n, temperature=0) for n in (3, 24, 7)]
-    joined = await asyncio.gather(
-        *(collect(engine, prompts[i], p) for i, p in zip((0, 1, 2), short, strict=True))
+async def test_create_returns_an_openai_response_with_logprobs(tiny_engine) -> None:
+    client = tiny_engine.client()
+    assert client is tiny_engine.client(), "one client: one store for every caller"
+    response = await client.responses.create(
+        input="Say something.",
+        max_output_tokens=12,
+        temperature=0,
+        top_logprobs=3,
+        include=["message.output_text.logprobs"],
     )
-    assert not first.done()  # they really ran inside the long request's batch
-    for (steps, _), i, p in zip(joined, (0, 1, 2), short, strict=True):
-        assert tokens(steps) == references[i][: p.max_tokens]
-    steps, _ = await first
-    alone, _ = await collect(engine, prompts[4], long)
-    assert tokens(steps) == tokens(alone)
-    await settle(engine)
-    assert engine.running == 0
+    assert isinstance(response, Response) and response.model == tiny_engine.model
+    assert response.status in ("completed", "incomplete")
+    assert response.usage.output_tokens >= 1 and response.usage.input_tokens > 10
+    frame = nbr.logprobs_frame(response)
+    assert len(frame) >= 1 and (frame["logprob"] <= 0).all()
+    assert "".join(frame["text"]) == response.output_text  # the tokens rebuild the answer
+    assert 1 <= len(frame) <= response.usage.output_tokens
 
 
-async def test_seeded_sampling_is_reproducible(engine, prompts):
-    params = SamplingParams(max_tokens=20, temperature=0.9, top_p=0.95, top_k=50, seed=1234)
-    alone, _ = await collect(engine, prompts[1], params)
-    others = SamplingParams(max_tokens=20, temperature=1.0, seed=7)
-    batched = await asyncio.gather(
-        collect(engine, prompts[0], others),
-        collect(engine, prompts[1], params),
-        collect(engine, prompts[2], others),
+async def test_streamed_and_folded_equal_the_events(tiny_engine) -> None:
+    client = tiny_engine.client()
+    stream = await client.responses.create(
+        input="Count to five.", max_output_tokens=10, temperature=0, stream=True
     )
-    assert tokens(batched[1][0]) == tokens(alone)
-    other_seed, _ = await collect(engine, prompts[1], SamplingParams(max_tokens=20, seed=99))
-    unseeded = [
-        tokens((await collect(engine, prompts[1], SamplingParams(max_tokens=20)))[0])
-        for _ in range(2)
-    ]
-    assert tokens(other_seed) != tokens(alone) or unseeded[0] != unseeded[1]
-
-
-async def test_cancel_half_of_32_concurrent(engine, prompts, references):
-    params = SamplingParams(max_tokens=24, temperature=0)
-    streams = [engine.generate(prompts[i % len(prompts)], params) for i in range(32)]
-
-    async def consume(stream, cancel_after: int | None, explicit: bool):
-        got = []
-        async for step in stream:
-            got += step.token_ids
-            if cancel_after is not None and len(got) >= cancel_after:
-                if explicit:
-                    engine.cancel(stream)
-                else:
-                    raise asyncio.CancelledError
-        return got, step.finish_reason
-
-    tasks = []
-    for i, stream in enumerate(streams):
-        cancel_after = 2 + i % 5 if i % 2 else None
-        tasks.append(asyncio.create_task(consume(stream, cancel_after, explicit=i % 4 == 1)))
-    results = await asyncio.gather(*tasks, return_exceptions=True)
-    for i, result in enumerate(results):
-        expected = references[i % len(prompts)]
-        if i % 2 == 0:
-            assert result == (expected, "length" if len(expected) == 24 else "stop")
-        elif i % 4 == 1:
-            got, reason = result
-            assert reason == "cancelled" and got == expected[: len(got)]
-        else:
-            assert isinstance(result, asyncio.CancelledError)
-    await settle(engine)
-    assert engine.running == 0 and engine.waiting == 0
-    assert await run_all(engine, prompts, GREEDY) == references  # still usable
-
-
-async def test_break_out_of_stream_frees_the_row(engine, prompts):
-    async for _step in engine.generate(prompts[0], SamplingParams(max_tokens=400, temperature=0)):
-        break
-    await settle(engine)
-    assert engine.running == 0
-
-
-async def test_invalid_requests_raise_before_admission(engine, prompts):
-    with pytest.raises(ValueError, match="context length"):
-        engine.generate(list(range(3, 600)), GREEDY)
-    with pytest.raises(ValueError, match="empty"):
-        engine.generate([], GREEDY)
-    with pytest.raises(ValueError, match="vocabulary"):
-        engine.generate([10**7], GREEDY)
-    for bad in (dict(temperature=-1), dict(top_p=0), dict(top_logprobs=21), dict(max_tokens=0)):
-        with pytest.raises(ValueError):
-            engine.generate(prompts[0], SamplingParams(**bad))
-    steps, _ = await collect(engine, prompts[0], SamplingParams(max_tokens=2, temperature=0))
-    assert len(tokens(steps)) == 2
-
-
-async def test_runtime_error_fails_one_request_only(engine, prompts, references, monkeypatch):
-    run = engine.runner.run
-    poison = prompts[3]
-
-    def flaky(ids, mask, positions, *args, **kwargs):
-        begin, end = int(positions[0, 0]), int(positions[0, -1]) + 1
-        if ids.shape[1] > 1 and ids[0, : len(poison) - begin].tolist() == poison[begin:end]:
-            raise RuntimeError("injected failure")  # a prefill run of prompts[3] only
-        return run(ids, mask, positions, *args, **kwargs)
-
-    monkeypatch.setattr(engine.runner, "run", flaky)
-    results = await asyncio.gather(*(collect(engine, p, GREEDY) for p in prompts))
-    for i, (steps, _) in enumerate(results):
-        if i == 3:
-            assert steps[-1].finish_reason == "error" and "injected" in steps[-1].error
-        else:
-            assert tokens(steps) == references[i]
-
-
-async def test_stop_tokens_max_tokens_and_context_length(engine, prompts, references):
-    expected = references[0]
-    stop = expected[3]
-    steps, _ = await collect(
-        engine, prompts[0], SamplingParams(max_tokens=24, temperature=0, stop_token_ids=(stop,))
+    events = [event async for event in stream]
+    check_stream(events)
+    final = events[-1].response
+    if final.status == "completed":  # the SDK accumulator only finishes on response.completed
+        assert fold(events).output_text == final.output_text
+    else:
+        assert events[-1].type == "response.incomplete"
+        assert final.incomplete_details.reason == "max_output_tokens"
+    again = await client.responses.create(
+        input="Count to five.", max_output_tokens=10, temperature=0
     )
-    first = expected.index(stop)
-    assert tokens(steps) == expected[: first + 1] and steps[-1].finish_reason == "stop"
-    steps, _ = await collect(engine, prompts[0], SamplingParams(max_tokens=5, temperature=0))
-    assert len(tokens(steps)) == 5 and steps[-1].finish_reason == "length"
-    long_prompt = (prompts[0] * 40)[:509]
-    steps, stats = await collect(engine, long_prompt, SamplingParams(max_tokens=50, temperature=0))
-    assert stats.prompt_tokens + stats.output_tokens == 512
-    assert steps[-1].finish_reason == "length"
+    assert again.output_text == final.output_text, "greedy fp32: the same answer twice"
 
 
-async def test_prefix_reuse_for_multi_turn(tiny_model, tokenizer, prompts):
-    """A follow-up turn reuses the first prompt's KV at once, and the first answer's too once
-    the engine has been idle (it re-computes finished answers by prefill); both give exactly
-    the tokens and logprobs of a cold run."""
-    params = SamplingParams(max_tokens=12, temperature=0, logprobs=True, top_logprobs=3)
-    async with TokenGenerator(tiny_model, tokenizer=tokenizer) as eng:
-        first, stats1 = await collect(eng, prompts[0], params)
-        assert stats1.cached_tokens == 0
-        follow = prompts[0] + tokens(first) + chat_ids(tokenizer, "And of Spain?")
-        at_once, stats2 = await collect(eng, follow, params)
-        assert stats2.cached_tokens == len(prompts[0])  # the answer was decoded, not prefilled
-        await eng.wait_idle()
-        later, stats3 = await collect(eng, follow, params)
-        assert stats3.cached_tokens == len(follow) - 1  # the whole conversation but one token
-    async with TokenGenerator(tiny_model, tokenizer=tokenizer, prefix_cache_bytes=0) as cold:
-        fresh, stats4 = await collect(cold, follow, params)
-        assert stats4.cached_tokens == 0
-    assert at_once == fresh and later == fresh  # every token id and logprob, bit for bit
+async def test_multi_turn_reuses_the_kv_cache(tiny_engine) -> None:
+    client = tiny_engine.client()
+    first = await client.responses.create(input="Hello there.", max_output_tokens=8, temperature=0)
+    second = await client.responses.create(
+        input="And again.", previous_response_id=first.id, max_output_tokens=8, temperature=0
+    )
+    cached = second.usage.input_tokens_details.cached_tokens
+    assert cached > first.usage.input_tokens // 2, second.usage
+    items = await client.responses.input_items.list(second.id)
+    assert [i.content[0].text for i in items.data] == ["And again."]  # this request's input
 
 
-async def test_prefix_cache_is_bounded(tiny_model, tokenizer, prompts):
-    bytes_per_token = None
-    async with TokenGenerator(tiny_model, tokenizer=tokenizer) as eng:
-        bytes_per_token = eng.runner.layout.bytes_per_token
-    budget = bytes_per_token * 60
-    params = SamplingParams(max_tokens=4, temperature=0)
-    async with TokenGenerator(tiny_model, tokenizer=tokenizer, prefix_cache_bytes=budget) as eng:
-        for prompt in prompts:
-            await collect(eng, prompt, params)
-            assert eng.prefix_cache.nbytes <= budget
-        assert len(eng.prefix_cache) >= 1
+async def test_the_view_folds_an_engine_stream(tiny_engine) -> None:
+    client = tiny_engine.client()
+    stream = await client.responses.create(
+        input="Hi", max_output_tokens=6, temperature=0, stream=True
+    )
+    view = nbr.show(stream)
+    final = await view
+    assert final.output_text == view.response.output_text
+    assert final.status in ("completed", "incomplete")
 
 
-async def test_kv_budget_limits_the_batch_fifo(tiny_model, tokenizer, prompts, references):
-    async with TokenGenerator(tiny_model, tokenizer=tokenizer) as probe:
-        per_token = probe.runner.layout.bytes_per_token
-    longest = max(len(p) for p in prompts) + GREEDY.max_tokens
-    async with TokenGenerator(
-        tiny_model, tokenizer=tokenizer, kv_budget_bytes=2 * longest * per_token
-    ) as eng:
-        seen = []
-
-        async def watch():
-            while True:
-                seen.append(eng.running)
-                await asyncio.sleep(0)
-
-        watcher = asyncio.create_task(watch())
-        results = await asyncio.gather(*(collect(eng, p, GREEDY) for p in prompts * 2))
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
-        assert [tokens(s) for s, _ in results] == references * 2
-        assert max(seen) <= 2
-        starts = [stats.timings["queued_s"] + 0 for _, stats in results]
-        admitted = [stats.first_token_time for _, stats in results]
-        assert admitted == sorted(admitted)  # FIFO admission
-        assert len(starts) == len(prompts) * 2
-
-
-async def test_max_batch_size(tiny_model, tokenizer, prompts, references):
-    async with TokenGenerator(tiny_model, tokenizer=tokenizer, max_batch_size=3) as eng:
-        peak = 0
-
-        async def watch():
-            nonlocal peak
-            while True:
-                peak = max(peak, eng.running)
-                await asyncio.sleep(0)
-
-        watcher = asyncio.create_task(watch())
-        got = await run_all(eng, prompts * 2, GREEDY)
-        watcher.cancel()
-        assert got == references * 2 and 1 < peak <= 3
-
-
-async def test_close_ends_running_requests(tiny_model, tokenizer, prompts):
-    eng = TokenGenerator(tiny_model, tokenizer=tokenizer)
-    stream = eng.generate(prompts[0], SamplingParams(max_tokens=500, temperature=0))
-    await stream.__anext__()
-    await eng.aclose()
-    last = [step async for step in stream][-1]
-    assert last.finish_reason == "cancelled"
-    with pytest.raises(RuntimeError):
-        eng.generate(prompts[0], GREEDY)
-
-
-async def test_load_prepares_and_serves(tiny_source, cache_dir, prompts, references):
-    eng = await TokenGenerator.load(tiny_source, "fp32", cache_dir=cache_dir, progress=False)
+@pytest.mark.integration
+async def test_bundled_model_answers_sensibly(bundled_model, cache_dir) -> None:
+    engine = await Engine.load(bundled_model.path, progress=False)
     try:
-        assert eng.prepared.recipe == "fp32"
-        assert await run_all(eng, prompts[:2], GREEDY) == references[:2]
+        assert "q8" in repr(engine) and "top-1" in engine._repr_html_()
+        response = await engine.client().responses.create(
+            input="Name three primary colors.",
+            max_output_tokens=40,
+            temperature=0,
+            top_logprobs=5,
+            include=["message.output_text.logprobs"],
+        )
+        text = response.output_text.lower()
+        assert sum(color in text for color in ("red", "blue", "yellow", "green")) >= 2, text
+        frame = nbr.logprobs_frame(response)
+        assert "".join(frame["text"]) == response.output_text
+        assert 10 < len(frame) <= response.usage.output_tokens
+        assert (frame["n_top"] == 5).all()
     finally:
-        await eng.aclose()
+        await engine.aclose()
 
 
-def test_works_under_asyncio_run(tiny_model, tokenizer, prompts, references):
-    eng = TokenGenerator(tiny_model, tokenizer=tokenizer)
+def test_demo_summary_reports_usage_speed_and_first_token_margin() -> None:
+    from openai.types.responses import Response
+    from openai.types.responses.response_output_text import Logprob, LogprobTopLogprob
 
-    async def main():
-        try:
-            return await run_all(eng, prompts[:2], GREEDY)
-        finally:
-            await eng.aclose()
+    from nbresponses.demo import summary
 
-    assert asyncio.run(main()) == references[:2]
-
-
-def test_a_closed_consumer_loop_frees_its_row(tiny_model, tokenizer, prompts, references):
-    """Steps cross to each consumer's loop through a mailbox; a loop that is gone (asyncio.run
-    returned with its stream unfinished) must cancel the row, not stall the batch."""
-    eng = TokenGenerator(tiny_model, tokenizer=tokenizer)
-    long = SamplingParams(max_tokens=400, temperature=0)
-    kept: list = []
-
-    async def abandon():
-        stream = eng.generate(prompts[0], long)
-        kept.append(stream)  # alive after the loop closes: only the closed loop can stop it
-        await anext(stream)
-
-    try:
-        asyncio.run(abandon())
-        request = kept[0]._request
-        deadline = time.monotonic() + 30
-        while not request.done and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert request.done and request.cancelled and len(request.generated) < 400
-        assert eng.running == 0
-
-        async def again():
-            return await run_all(eng, prompts[:2], GREEDY)
-
-        assert asyncio.run(again()) == references[:2]  # a new loop, a fresh mailbox
-    finally:
-        eng.close_sync()
-
-
-def test_mailbox_coalesces_wakeups_and_keeps_order():
-    from nbresponses.runtime.generator import _Mailbox
-    from nbresponses.tokens.contract import Step
-
-    loop = asyncio.new_event_loop()
-    calls = []
-    original = loop.call_soon_threadsafe
-    loop.call_soon_threadsafe = lambda *a: calls.append(a) or original(*a)  # type: ignore[method-assign]
-    try:
-        box = _Mailbox(loop)
-        queues = [asyncio.Queue(), asyncio.Queue()]
-        for i in range(3):
-            for q in queues:
-                box.post(q, Step((i,)))
-        assert len(calls) == 1  # six steps, one wake-up
-        loop.run_until_complete(asyncio.sleep(0))
-        for q in queues:
-            assert [q.get_nowait().token_ids for _ in range(3)] == [(0,), (1,), (2,)]
-        box.post(queues[0], Step((9,)))
-        assert len(calls) == 2  # drained: the next step schedules a new drain
-    finally:
-        loop.close()
-    with pytest.raises(RuntimeError):
-        box.post(queues[0], Step((10,)))
+    final = Response.model_validate(
+        {
+            "id": "resp_1",
+            "object": "response",
+            "created_at": 0,
+            "model": "m",
+            "output": [],
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "status": "completed",
+            "usage": {
+                "input_tokens": 40,
+                "input_tokens_details": {"cached_tokens": 8, "cache_write_tokens": 0},
+                "output_tokens": 11,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": 51,
+            },
+        }
+    )
+    first = Logprob(
+        token="The",
+        bytes=[84, 104, 101],
+        logprob=-0.5,
+        top_logprobs=[
+            LogprobTopLogprob(token="The", bytes=[], logprob=-0.5),
+            LogprobTopLogprob(token="L", bytes=[], logprob=-1.5),
+        ],
+    )
+    text = summary(final, 0.0, 0.5, 1.5, first)
+    assert "40 input tokens (8 cached), 11 output" in text
+    assert "time to first token 500 ms, decode 10.0 tok/s" in text
+    assert "'The' 61%, 'L' 22%" in text
 
 
-def _subnormals_survive() -> bool:
-    tiny = np.array([1e-40], np.float32)  # subnormal in float32
-    return bool((tiny * np.float32(1.0))[0] != 0) and bool(np.float64(5e-324) * 2.0 != 0)
+def test_cli_demo_streams_through_the_responses_api(tiny_source, cache_dir, capsys) -> None:
+    from nbresponses.cli import main
 
-
-def test_the_callers_float_state_is_untouched(tiny_fused_fp32, tokenizer, prompts):
-    """Loading and running the engine leaves the caller's float state alone (ONNX Runtime's
-    denormals-as-zero option would set flush-to-zero on the thread that makes the session: the
-    user's notebook)."""
-    assert _subnormals_survive()
-    eng = TokenGenerator(tiny_fused_fp32, tokenizer=tokenizer)
-    try:
-        asyncio.run(run_all(eng, prompts[:2], GREEDY))
-    finally:
-        eng.close_sync()
-    assert _subnormals_survive()
+    code = main(
+        [
+            "--cache-dir",
+            str(cache_dir),
+            "demo",
+            "Hello",
+            "--model",
+            str(tiny_source),
+            "-q",
+            "fp32",
+            "--max-tokens",
+            "5",
+        ]
+    )
+    captured = capsys.readouterr()
+    assert code == 0
+    assert "[incomplete (max_output_tokens): " in captured.err or "[completed: " in captured.err
+    assert "first token" in captured.err

@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import TEST_CACHE
+from helpers.paths import ROOT, TEST_CACHE
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 TIMEOUT = {"05-performance.ipynb": 240}  # per cell, seconds; the rest use the default
 DEFAULT_TIMEOUT = 180
 

@@ -1,0 +1,263 @@
+"""The fused graph builder: same logits as the Optimum export, end padding, refusal, fallback."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from helpers.engine import PROMPTS, chat_ids, collect, run_all, tokens, torch_greedy
+
+from nbresponses.models.fidelity import FIDELITY_CONVERSATION, full_sequence_logits
+from nbresponses.models.fused import UnsupportedArchitecture, check_supported
+from nbresponses.models.prepare import prepare_model
+from nbresponses.runtime.generator import TokenGenerator
+from nbresponses.tokens.contract import SamplingParams
+
+GREEDY = SamplingParams(max_tokens=24, temperature=0)
+
+
+def _session(path: Path):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def _conversation_ids(tokenizer) -> list[int]:
+    return list(tokenizer.apply_chat_template(FIDELITY_CONVERSATION[:2], tokenize=True))
+
+
+@pytest.fixture(scope="module")
+def tiny_fused(tiny_source: Path, cache_dir: Path):
+    return prepare_model(tiny_source, "fused-fp32", cache_dir=cache_dir, progress=False)
+
+
+def test_same_io_as_the_optimum_export(tiny_fused, tiny_model) -> None:
+    ours, theirs = _session(tiny_fused.onnx_path), _session(tiny_model.onnx_path)
+    assert [i.name for i in ours.get_inputs()] == [i.name for i in theirs.get_inputs()]
+    assert [o.name for o in ours.get_outputs()] == [o.name for o in theirs.get_outputs()]
+    for a, b in zip(ours.get_inputs(), theirs.get_inputs(), strict=True):
+        assert a.type == b.type and len(a.shape) == len(b.shape), a.name
+        if a.name.startswith("past_key_values"):
+            assert a.shape[1::2] == b.shape[1::2]  # kv heads and head_dim
+
+
+def test_graph_is_fused(tiny_fused, tiny_model) -> None:
+    """About a dozen nodes per layer, attention in one kernel, nothing left unfused."""
+    ops = Counter(n.op_type for n in onnx.load(str(tiny_fused.onnx_path)).graph.node)
+    layers = tiny_model.config["num_hidden_layers"]
+    assert ops["GroupQueryAttention"] == layers
+    assert ops["SkipSimplifiedLayerNormalization"] == 2 * layers
+    assert ops["MatMul"] == 4 * layers + 1  # packed qkv, o, packed gate/up, down; the LM head
+    assert not {"Softmax", "Transpose", "Pow", "ReduceMean", "Sin", "Cos"} & set(ops)
+    assert sum(ops.values()) <= 10 * layers + 20
+
+
+def test_logits_equal_the_optimum_export(tiny_fused, tiny_model, tokenizer) -> None:
+    ids = _conversation_ids(tokenizer)
+    ours = full_sequence_logits(_session(tiny_fused.onnx_path), ids)
+    theirs = full_sequence_logits(_session(tiny_model.onnx_path), ids)
+    assert ours.shape == theirs.shape
+    # fp32 rounding only (different summation order): ~1e-5 of the logit scale here
+    assert np.abs(ours - theirs).max() <= 1e-4 * np.abs(theirs).max()
+    assert tiny_fused.fidelity["top1_agreement"] == 1.0
+    assert tiny_fused.fidelity["max_abs_dlogprob"] < 1e-3
+
+
+def test_logits_of_the_last_positions_only_on_request(tiny_fused, tokenizer) -> None:
+    """``num_logits_to_keep``: absent or 0 gives every position (fidelity, Optimum callers); 1
+    gives the last only (the engine's prefill), with the same values."""
+    session = _session(tiny_fused.onnx_path)
+    assert [i.name for i in session.get_overridable_initializers()] == ["num_logits_to_keep"]
+    ids = np.asarray([_conversation_ids(tokenizer)[:20]], np.int64)
+    feeds = {
+        "input_ids": ids,
+        "attention_mask": np.ones_like(ids),
+        "position_ids": np.arange(ids.shape[1], dtype=np.int64)[None],
+    }
+    for inp in session.get_inputs():
+        if inp.name.startswith("past_key_values"):
+            feeds[inp.name] = np.zeros((1, inp.shape[1], 0, inp.shape[3]), np.float32)
+    full = session.run(["logits"], feeds)[0]
+    assert full.shape[1] == 20
+    np.testing.assert_array_equal(
+        session.run(["logits"], {**feeds, "num_logits_to_keep": np.array([0])})[0], full
+    )
+    for keep in (1, 3):
+        some = session.run(["logits"], {**feeds, "num_logits_to_keep": np.array([keep])})[0]
+        assert some.shape[1] == keep
+        np.testing.assert_allclose(some, full[:, -keep:], rtol=0, atol=1e-5)
+
+
+def test_the_engine_asks_for_the_last_position_only(tiny_fused, tiny_model) -> None:
+    from nbresponses.runtime.runner import OnnxRunner
+
+    assert OnnxRunner(tiny_fused.onnx_path).last_logits_only
+    assert not OnnxRunner(tiny_model.onnx_path).last_logits_only  # the Optimum graph has no input
+
+
+def test_end_padded_decode_is_bit_identical_to_alone(tiny_fused, tiny_model) -> None:
+    """One decode step for two rows of different lengths, the shorter padded at the END with
+    garbage: the fused graph gives the shorter row exactly its logits alone (each row's keys
+    stay at their columns), and the same as the Optimum graph within fp32 rounding."""
+    results = {}
+    for name, prepared in (("fused", tiny_fused), ("optimum", tiny_model)):
+        session = _session(prepared.onnx_path)
+        pasts = [i.name for i in session.get_inputs() if i.name.startswith("past_key_values")]
+        heads, dim = session.get_inputs()[3].shape[1], session.get_inputs()[3].shape[3]
+
+        def run(ids, mask, positions, past, session=session, pasts=pasts):
+            out = session.run(
+                None,
+                {
+                    "input_ids": np.asarray(ids, np.int64),
+                    "attention_mask": mask,
+                    "position_ids": np.asarray(positions, np.int64),
+                    **dict(zip(pasts, past, strict=True)),
+                },
+            )
+            return out[0], out[1:]
+
+        empty = [np.zeros((1, heads, 0, dim), np.float32)] * len(pasts)
+        rows = [list(range(10, 20)), list(range(30, 36))]
+        prefilled = [run([r], np.ones((1, len(r)), np.int64), [range(len(r))], empty) for r in rows]
+        alone, _ = run([[60]], np.ones((1, 7), np.int64), [[6]], prefilled[1][1])
+        results[name] = alone
+        if name != "fused":
+            continue
+        merged, noise = [], np.random.default_rng(0)
+        for long, short in zip(prefilled[0][1], prefilled[1][1], strict=True):
+            # padding holds garbage: only each row's length may keep it out of the attention
+            batch = noise.normal(0, 30, (2, heads, 10, dim)).astype(np.float32)
+            batch[0], batch[1, :, :6] = long[0], short[0]
+            merged.append(batch)
+        mask = np.ones((2, 11), np.int64)
+        mask[1, 7:] = 0
+        batched, _ = run([[50], [60]], mask, [[10], [6]], merged)
+        np.testing.assert_array_equal(batched[1, -1], alone[0, -1])
+    np.testing.assert_allclose(results["fused"], results["optimum"], atol=1e-4)
+
+
+async def test_engine_greedy_matches_pytorch_batched_and_alone(tiny_fused, tiny_source, tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    torch_tiny = AutoModelForCausalLM.from_pretrained(str(tiny_source)).eval()
+    prompts = [chat_ids(tokenizer, text) for text in PROMPTS]
+    expected = [torch_greedy(torch_tiny, p, 24, tokenizer.eos_token_id) for p in prompts]
+    async with TokenGenerator(tiny_fused, tokenizer=tokenizer) as engine:
+        alone = [tokens((await collect(engine, p, GREEDY))[0]) for p in prompts]
+        batched = await run_all(engine, prompts * 2, GREEDY)
+    assert alone == expected
+    assert batched == expected * 2
+
+
+async def test_in_place_kv_joins_leaves_and_grows(tiny_fused, tiny_model, tokenizer, monkeypatch):
+    """Rows join a running batch, leave it and outgrow the buffers' spare columns (headroom 3),
+    and every row still decodes as it does alone on the Optimum graph (copying KV each step)."""
+    from nbresponses.runtime import kv
+
+    monkeypatch.setattr(kv, "HEADROOM", 3)
+    prompts = [chat_ids(tokenizer, text) for text in PROMPTS]
+    lengths = [SamplingParams(max_tokens=n, temperature=0) for n in (40, 5, 17, 2, 33, 9)]
+
+    async def staggered(prepared):
+        async with TokenGenerator(prepared, tokenizer=tokenizer, prefix_cache_bytes=0) as engine:
+            assert engine.runner.kv_in_place is (prepared is tiny_fused)
+            tasks = []
+            for prompt, params in zip(prompts, lengths, strict=True):
+                tasks.append(asyncio.create_task(collect(engine, prompt, params)))
+                await asyncio.sleep(0.01)
+            return [tokens(steps) for steps, _ in await asyncio.gather(*tasks)]
+
+    assert await staggered(tiny_fused) == await staggered(tiny_model)
+
+
+def test_unsupported_architectures_are_refused_with_the_reason() -> None:
+    from transformers import GPT2Config, LlamaConfig
+
+    with pytest.raises(UnsupportedArchitecture, match=r"model_type 'gpt2'.*Optimum recipe"):
+        check_supported(GPT2Config())
+    with pytest.raises(UnsupportedArchitecture, match="hidden_act 'gelu'"):
+        check_supported(LlamaConfig(hidden_act="gelu"))
+    with pytest.raises(UnsupportedArchitecture, match="rope_scaling 'dynamic'"):
+        check_supported(LlamaConfig(rope_scaling={"rope_type": "dynamic", "factor": 2.0}))
+    check_supported(LlamaConfig())
+
+
+@pytest.fixture(scope="module")
+def gelu_source(tmp_path_factory, tokenizer_dir: Path) -> Path:
+    """A tiny Llama the fused builder refuses (gelu MLP) but Optimum exports."""
+    from helpers.tiny_model import build_tiny_llama
+
+    folder = build_tiny_llama(tmp_path_factory.mktemp("gelu") / "src", tokenizer_dir)
+    import json
+
+    config = json.loads((folder / "config.json").read_text())
+    config["hidden_act"] = "gelu"
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_explicit_fused_recipe_on_unsupported_model_fails_cleanly(gelu_source, tmp_path) -> None:
+    with pytest.raises(UnsupportedArchitecture, match="hidden_act"):
+        prepare_model(gelu_source, "fused-q8", cache_dir=tmp_path, progress=False)
+    assert not list((tmp_path / "models").glob("*"))
+    assert not list((tmp_path / "tmp").iterdir())
+
+
+def test_auto_falls_back_to_optimum_recipes(gelu_source, tmp_path, monkeypatch) -> None:
+    from nbresponses.models import prepare
+
+    monkeypatch.setitem(prepare.ALIASES, "auto", ("fused-q8", "fp32"))
+    prepared = prepare_model(gelu_source, cache_dir=tmp_path, progress=False)
+    assert prepared.recipe == "fp32"
+
+
+def test_analysis_is_fp32_weights_in_the_fastest_graph(gelu_source, tiny_source, cache_dir):
+    """One argument for logprobs close to fp32: the fused fp32 graph, or the Optimum fp32
+    export for a model the fused builder does not cover."""
+    assert prepare_model(tiny_source, "analysis", cache_dir=cache_dir, progress=False).recipe == (
+        "fused-fp32"
+    )
+    assert prepare_model(gelu_source, "analysis", cache_dir=cache_dir, progress=False).recipe == (
+        "fp32"
+    )
+
+
+# --- the real bundled model ---------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_bundled_fused_fp32_equals_the_optimum_export(bundled_fp32, cache_dir, tokenizer) -> None:
+    fused = prepare_model(None, "fused-fp32", cache_dir=cache_dir, progress=False)
+    ids = _conversation_ids(tokenizer)
+    ours = full_sequence_logits(_session(fused.onnx_path), ids)
+    theirs = full_sequence_logits(_session(bundled_fp32.onnx_path), ids)
+    assert np.abs(ours - theirs).max() <= 1e-4 * np.abs(theirs).max()
+    assert fused.fidelity["top1_agreement"] == 1.0
+
+
+@pytest.mark.integration
+async def test_bundled_fused_fp32_batched_equals_alone(cache_dir, tokenizer) -> None:
+    fused = prepare_model(None, "fused-fp32", cache_dir=cache_dir, progress=False)
+    prompts = [chat_ids(tokenizer, text) for text in PROMPTS]
+    params = SamplingParams(max_tokens=32, temperature=0)
+    async with TokenGenerator(fused, prefix_cache_bytes=0) as engine:
+        alone = [tokens((await collect(engine, p, params))[0]) for p in prompts]
+        batched = await run_all(engine, prompts * 2, params)
+    assert batched == alone * 2
+
+
+@pytest.mark.integration
+def test_bundled_fused_q8_meets_the_fidelity_bar(cache_dir) -> None:
+    from nbresponses.models.recipes import FIDELITY_BAR
+
+    fused = prepare_model(None, "fused-q8", cache_dir=cache_dir, progress=False)
+    assert fused.fidelity["top1_agreement"] >= FIDELITY_BAR, fused.fidelity
+    assert fused.fidelity["mean_kl"] < 0.05
+    assert fused.size_bytes < 300e6

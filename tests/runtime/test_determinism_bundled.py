@@ -1,0 +1,126 @@
+"""Exact numbers on the real bundled model, for the default recipe and the analysis recipe.
+
+The engine matrix (``determinism.py``) with prompts of 30 to ~750 tokens (the longest spans two
+prefill runs of 512, so prefix hits start inside either), mates of other lengths and a full
+batch of 16; then the same request through every door of the Responses API: create, stream,
+background + retrieve, the openai SDK in process and over HTTP, and a ``previous_response_id``
+chain against the whole conversation sent cold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from helpers.determinism import run_matrix
+from helpers.engine import chat_ids
+
+from nbresponses.models.fidelity_set import FIDELITY_SET
+from nbresponses.models.prepare import prepare_model
+from nbresponses.tokens.contract import SamplingParams
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+GREEDY = SamplingParams(max_tokens=24, temperature=0, logprobs=True, top_logprobs=5)
+SEEDED = SamplingParams(max_tokens=24, temperature=0.8, seed=11, logprobs=True, top_logprobs=2)
+QUESTIONS = (
+    "What is the capital of France?",
+    "Write a Python function that reverses a string, and explain it.",
+    "Name five fruits.",
+    "Why is the sea salty? Explain at length, with the chemistry involved.",
+    "Hi",
+)
+
+
+def _document() -> str:
+    texts = [m["content"] for s in FIDELITY_SET for m in s.messages if m["role"] == "assistant"]
+    return "Summarise the following notes in three sentences.\n\n" + "\n\n".join(texts[:11])
+
+
+@pytest.fixture(scope="module")
+def bundled_analysis(cache_dir):
+    return prepare_model(None, "analysis", cache_dir=cache_dir, progress=False)
+
+
+@pytest.fixture(params=["default", "analysis"])
+def recipe_model(request, bundled_model, bundled_analysis):
+    return bundled_model if request.param == "default" else bundled_analysis
+
+
+@pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+async def test_matrix_on_the_bundled_model(recipe_model, params, tokenizer):
+    targets = [chat_ids(tokenizer, QUESTIONS[0]), chat_ids(tokenizer, _document())]
+    assert len(targets[1]) > 600, "the long prompt must span two prefill runs"
+    mates = [chat_ids(tokenizer, q) for q in QUESTIONS[1:]]
+    follow_up = chat_ids(tokenizer, "Thank you. Now say it in French.")[1:]
+    failures = await run_matrix(recipe_model, tokenizer, targets, mates, params, follow_up)
+    assert not failures, "\n".join(failures)
+
+
+def _numbers(response) -> list[tuple]:
+    """Every output token of a Response with its logprob and top-k, as plain tuples."""
+    out = []
+    for item in response.output:
+        for part in getattr(item, "content", None) or []:
+            for lp in getattr(part, "logprobs", None) or []:
+                top = tuple((t.token, t.logprob) for t in lp.top_logprobs or [])
+                out.append((lp.token, lp.logprob, top))
+    return out
+
+
+async def test_every_door_of_the_api_gives_the_same_numbers(bundled_model, tokenizer):
+    """create, stream, background + retrieve, engine.openai(), HTTP, a previous_response_id
+    chain and a restarted engine: the same tokens and logprob floats, bit for bit."""
+    from helpers.server import ThreadedServer
+
+    from nbresponses.engine import Engine
+    from nbresponses.runtime.generator import TokenGenerator
+
+    request = {
+        "input": "Tell me about the Eiffel Tower.",
+        "max_output_tokens": 32,
+        "temperature": 0,
+        "top_logprobs": 5,
+        "include": ["message.output_text.logprobs"],
+    }
+    follow = "How tall is it?"
+
+    async def cold(**extra):  # a fresh engine, no prefix cache: the reference
+        async with Engine(TokenGenerator(bundled_model, prefix_cache_bytes=0)) as engine:
+            return await engine.client().responses.create(**{**request, **extra})
+
+    reference = await cold()
+    assert len(_numbers(reference)) >= 8
+    conversation = [
+        {"role": "user", "content": request["input"]},
+        {"role": "assistant", "content": reference.output_text},
+        {"role": "user", "content": follow},
+    ]
+    reference_turn = await cold(input=conversation)
+
+    async with Engine(TokenGenerator(bundled_model)) as engine:  # a restarted engine, cache on
+        client = engine.client()
+        seen = {"create": await client.responses.create(**request)}
+        seen["create again (prefix hit)"] = await client.responses.create(**request)
+        stream = await client.responses.create(**request, stream=True)
+        seen["stream"] = [e async for e in stream][-1].response
+        background = await client.responses.create(**request, background=True, store=True)
+        while background.status in ("queued", "in_progress"):
+            await asyncio.sleep(0.05)
+            background = await client.responses.retrieve(background.id)
+        seen["background + retrieve"] = background
+        seen["engine.openai()"] = await engine.openai().responses.create(**request)
+        with ThreadedServer(client) as server:
+            seen["HTTP"] = await server.openai().responses.create(**request)
+        for name, response in seen.items():
+            assert _numbers(response) == _numbers(reference), name
+        chained = await client.responses.create(
+            **{**request, "input": follow}, previous_response_id=seen["create"].id
+        )
+        assert _numbers(chained) == _numbers(reference_turn), "previous_response_id"
+        await engine.generator.wait_idle()
+        chained = await client.responses.create(
+            **{**request, "input": follow}, previous_response_id=seen["create"].id
+        )
+        assert chained.usage.input_tokens_details.cached_tokens > len(_numbers(reference))
+        assert _numbers(chained) == _numbers(reference_turn), "chain after the answer is cached"

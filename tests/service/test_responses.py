@@ -1,0 +1,399 @@
+"""The Responses protocol over a scripted token source and the real SmolLM2 tokenizer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import openai
+import pytest
+from helpers.responses import (
+    check_stream,
+    client_for,
+    dumps,
+    fold,
+    ids,
+    prompt_text,
+    stream_events,
+    strip_ids,
+)
+from openai.types.responses import Response
+
+from nbresponses.tokens.scripted import Script
+
+# -- text, folding, logprobs ---------------------------------------------------------------
+
+
+async def test_stream_folds_to_the_non_streamed_response(tokenizer):
+    client, _ = client_for(tokenizer, "The capital of France is Paris. 🙂")
+    events = await stream_events(client, input="Capital of France?")
+    check_stream(events)
+    assert [e.type for e in events[:2]] == ["response.created", "response.in_progress"]
+    assert events[-1].type == "response.completed"
+    folded = fold(events)
+    completed = events[-1].response
+    assert folded.id == completed.id and folded.id.startswith("resp_")
+    assert dumps(folded.output) == dumps(completed.output) and folded.usage == completed.usage
+    assert folded.output_text == "The capital of France is Paris. 🙂"
+    stored = await client.responses.retrieve(completed.id)
+    assert stored == completed
+    plain = await client.responses.create(input="Capital of France?")
+    assert isinstance(plain, Response) and plain.status == "completed"
+    assert strip_ids(plain.model_dump()) == strip_ids(completed.model_dump())
+    assert plain.output[0].id.startswith("msg_")
+
+
+async def test_logprobs_each_token_with_alternatives(tokenizer):
+    text = "Zürich 日本 ok"
+    script = Script(ids(tokenizer, text), logprobs=[-0.5] * 20)
+    client, source = client_for(tokenizer, script)
+    events = await stream_events(
+        client, input="hi", include=["message.output_text.logprobs"], top_logprobs=4
+    )
+    check_stream(events)
+    assert source.params[-1].logprobs and source.params[-1].top_logprobs == 4
+    part = events[-1].response.output[0].content[0]
+    assert part.text == text
+    assert len(part.logprobs) == len(tokenizer.encode(text))
+    assert b"".join(bytes(lp.bytes) for lp in part.logprobs).decode() == text
+    for lp in part.logprobs:
+        assert lp.logprob <= 0 and len(lp.top_logprobs) == 4
+        assert all(t.logprob <= 0 for t in lp.top_logprobs)
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    assert all("\ufffd" not in d.delta for d in deltas)
+    joined = [lp.token for d in deltas for lp in d.logprobs]
+    done = next(e for e in events if e.type == "response.output_text.done")
+    assert joined == [lp.token for lp in done.logprobs] == [lp.token for lp in part.logprobs]
+
+
+async def test_no_logprobs_unless_asked(tokenizer):
+    client, source = client_for(tokenizer, "Hello there")
+    r = await client.responses.create(input="hi")
+    assert not source.params[-1].logprobs
+    assert r.output[0].content[0].logprobs == []
+
+
+# -- reasoning -------------------------------------------------------------------------------
+
+
+async def test_reasoning_items_and_exact_token_count(tokenizer):
+    thought = "<think>hmm, 日本 is 🤔</think>"
+    client, _ = client_for(tokenizer, thought + "\n\nAnswer")
+    events = await stream_events(client, input="q")
+    check_stream(events)
+    r = events[-1].response
+    assert [i.type for i in r.output] == ["reasoning", "message"]
+    assert r.output[0].id.startswith("rs_")
+    assert r.output[0].content[0].text == "hmm, 日本 is 🤔"
+    assert r.output_text == "Answer"
+    deltas = [e.delta for e in events if e.type == "response.reasoning_text.delta"]
+    assert len(deltas) > 3 and "".join(deltas) == "hmm, 日本 is 🤔"
+    expected = len(tokenizer.encode(thought))
+    assert tokenizer.encode(thought) == tokenizer.encode(thought + "\n\nAnswer")[:expected]
+    assert r.usage.output_tokens_details.reasoning_tokens == expected
+    assert r.usage.output_tokens == len(ids(tokenizer, thought + "\n\nAnswer"))
+    assert dumps(fold(events).output) == dumps(r.output)
+
+
+async def test_truncated_reasoning_is_incomplete(tokenizer):
+    client, _ = client_for(tokenizer, "<think>a long long thought that goes on</think>Hi")
+    events = await stream_events(client, input="q", max_output_tokens=6)
+    check_stream(events)
+    r = events[-1].response
+    assert events[-1].type == "response.incomplete"
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.output[0].type == "reasoning" and r.output[0].status == "incomplete"
+    assert r.usage.output_tokens == 6 == r.usage.output_tokens_details.reasoning_tokens
+
+
+async def test_reasoning_effort_needs_template_support(tokenizer):
+    client, _ = client_for(tokenizer, "x")
+    with pytest.raises(openai.BadRequestError) as err:
+        await client.responses.create(input="q", reasoning={"effort": "low"})
+    assert err.value.param == "reasoning.effort"
+
+
+# -- tools -------------------------------------------------------------------------------------
+
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Current weather for a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>'
+
+
+async def test_tool_call_streamed_and_prompted(tokenizer):
+    client, source = client_for(tokenizer, "Checking.\n" + CALL)
+    events = await stream_events(client, input="Weather in Zürich?", tools=[WEATHER])
+    check_stream(events)
+    assert "<tools>" in prompt_text(tokenizer, source)  # SmolLM2 ignores tools: injected
+    r = events[-1].response
+    assert [i.type for i in r.output] == ["message", "function_call"]
+    call = r.output[1]
+    assert call.id.startswith("fc_") and call.call_id.startswith("call_")
+    assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Zürich"}
+    assert call.status == "completed"
+    arg_deltas = [e for e in events if e.type == "response.function_call_arguments.delta"]
+    assert len(arg_deltas) > 2
+    assert dumps(fold(events).output) == dumps(r.output)
+
+
+async def test_several_calls_and_parallel_off(tokenizer):
+    two = CALL + "\n" + CALL.replace("Zürich", "Bern")
+    client, source = client_for(tokenizer, two, two)
+    r = await client.responses.create(input="q", tools=[WEATHER])
+    assert [json.loads(i.arguments)["city"] for i in r.output] == ["Zürich", "Bern"]
+    r = await client.responses.create(input="q", tools=[WEATHER], parallel_tool_calls=False)
+    assert len(r.output) == 1 and r.status == "completed"
+    assert source.cancelled == 1  # generation stopped after the first call
+
+
+async def test_invalid_tool_json_is_text(tokenizer):
+    bad = "<tool_call>\n{get_weather: Zürich}\n</tool_call>"
+    client, _ = client_for(tokenizer, bad)
+    r = await client.responses.create(input="q", tools=[WEATHER])
+    assert [i.type for i in r.output] == ["message"] and r.output_text == bad
+
+
+async def test_broken_arguments_mark_the_call_incomplete(tokenizer):
+    bad = '<tool_call>\n{"name": "get_weather", "arguments": {"city": Zürich}}\n</tool_call>'
+    client, _ = client_for(tokenizer, bad)
+    events = await stream_events(client, input="q", tools=[WEATHER])
+    check_stream(events)
+    r = events[-1].response
+    assert r.status == "completed" and r.output[0].status == "incomplete"
+
+
+async def test_tool_choice_modes(tokenizer):
+    client, source = client_for(tokenizer, CALL, CALL, '{"city": "Bern"}}\n</tool_call>')
+    r = await client.responses.create(input="q", tools=[WEATHER], tool_choice="none")
+    assert "<tools>" not in prompt_text(tokenizer, source) and r.output_text == CALL
+    await client.responses.create(input="q", tools=[WEATHER], tool_choice="required")
+    assert prompt_text(tokenizer, source).endswith("assistant\n<tool_call>\n")
+    r = await client.responses.create(
+        input="q", tools=[WEATHER], tool_choice={"type": "function", "name": "get_weather"}
+    )
+    assert prompt_text(tokenizer, source).endswith('{"name": "get_weather", "arguments": ')
+    assert r.output[0].name == "get_weather" and json.loads(r.output[0].arguments) == {
+        "city": "Bern"
+    }
+    assert r.tool_choice.name == "get_weather"
+
+
+# -- errors ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param", "cls"),
+    [
+        ({"service_tier": "flex"}, "service_tier", openai.BadRequestError),
+        ({"extra_body": {"frobnicate": 1}}, "frobnicate", openai.BadRequestError),
+        ({"top_logprobs": 21}, "top_logprobs", openai.BadRequestError),
+        ({"temperature": 3}, "temperature", openai.BadRequestError),
+        ({"include": ["reasoning.encrypted_content"]}, "include[0]", openai.BadRequestError),
+        ({"tools": [{"type": "web_search"}]}, "tools[0]", openai.BadRequestError),
+        ({"text": {"format": {"type": "json_object"}}}, "text.format", openai.BadRequestError),
+        ({"model": "gpt-9"}, "model", openai.NotFoundError),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image"}]}]},
+            "input[0].content[0].type",
+            openai.BadRequestError,
+        ),
+        ({"background": True, "store": False}, "store", openai.BadRequestError),
+        ({"previous_response_id": "resp_nope"}, "previous_response_id", openai.BadRequestError),
+    ],
+)
+async def test_errors_are_openai_exceptions(tokenizer, kwargs, param, cls):
+    client, source = client_for(tokenizer, "x")
+    kwargs = {"input": "hi", **kwargs}
+    with pytest.raises(cls) as err:
+        await client.responses.create(**kwargs)
+    assert err.value.param == param and err.value.type == "invalid_request_error"
+    assert err.value.status_code == (404 if cls is openai.NotFoundError else 400)
+    assert err.value.response.json()["error"]["param"] == param
+    assert source.prompts == []  # nothing reached the engine
+
+
+async def test_transport_knobs_accepted(tokenizer):
+    client, _ = client_for(tokenizer, "ok")
+    r = await client.responses.create(
+        input="hi",
+        model="smollm2",
+        extra_headers={"X-A": "1"},
+        extra_query={"q": 1},
+        timeout=5,
+        extra_body={"metadata": {"k": "v"}},
+        user="me",
+        metadata=None,
+    )
+    assert r.metadata == {"k": "v"} and r.user == "me" and r.output_text == "ok"
+
+
+async def test_context_length_exceeded(tokenizer):
+    client, _ = client_for(tokenizer, "x", context_length=10)
+    with pytest.raises(openai.BadRequestError) as err:
+        await client.responses.create(input="hello " * 20)
+    assert err.value.code == "context_length_exceeded"
+
+
+async def test_engine_failure_fails_only_that_response(tokenizer):
+    failing = Script(
+        ids(tokenizer, "Partial answer that"), error="boom", error_after=3, delay=0.001
+    )
+    raising = Script(ids(tokenizer, "abc"), error="kaput", raise_error=True)
+    client, _ = client_for(tokenizer, failing, raising, "Fine.")
+    stream = await client.responses.create(input="a", stream=True)
+    other = asyncio.create_task(client.responses.create(input="b"))
+    raised = await client.responses.create(input="c")
+    events = [e async for e in stream]
+    check_stream(events)
+    assert [e.type for e in events[-2:]] == ["error", "response.failed"]
+    failed = events[-1].response
+    assert failed.status == "failed" and failed.error.code == "server_error"
+    assert failed.error.message == "boom" and failed.output[0].status == "incomplete"
+    assert raised.status == "failed" and "kaput" in raised.error.message
+    assert (await other).output_text == "Fine."  # scripts go out in call order: a, c, b
+    ok = await client.responses.create(input="d")
+    assert ok.status == "completed" and ok.output_text == "Fine."
+
+
+# -- store, chains ------------------------------------------------------------------------
+
+
+async def test_store_false_and_bounds(tokenizer):
+    client, _ = client_for(tokenizer, "a", store_max_responses=2)
+    r = await client.responses.create(input="x", store=False)
+    with pytest.raises(openai.NotFoundError):
+        await client.responses.retrieve(r.id)
+    ids_ = [(await client.responses.create(input="x")).id for _ in range(3)]
+    with pytest.raises(openai.NotFoundError):
+        await client.responses.retrieve(ids_[0])  # least recently used went first
+    assert (await client.responses.retrieve(ids_[2])).id == ids_[2]
+    small, _ = client_for(tokenizer, "a", store_max_bytes=1)
+    last = await small.responses.create(input="x")
+    assert len(small.store) == 0 and small.store.bytes == 0
+    with pytest.raises(openai.NotFoundError):
+        await small.responses.retrieve(last.id)
+
+
+async def test_delete_and_input_items(tokenizer):
+    client, _ = client_for(tokenizer, "a")
+    items = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "developer", "content": [{"type": "input_text", "text": "Dev."}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Q"}]},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "A"}]},
+        {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "r"}]},
+        {"type": "reasoning", "id": "rs_given", "summary": [], "status": "completed"},
+        {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "42"},
+    ]
+    r = await client.responses.create(input=items, instructions="Sys.")
+    page = await client.responses.input_items.list(r.id, order="asc")
+    assert [i.type for i in page.data] == [i.get("type", "message") for i in items]
+    assert page.data[5].id == "rs_given" and all(i.id for i in page.data)
+    desc = await client.responses.input_items.list(r.id, limit=3)
+    assert [i.id for i in desc.data] == [i.id for i in page.data[::-1][:3]] and desc.has_more
+    await client.responses.delete(r.id)
+    with pytest.raises(openai.NotFoundError):
+        await client.responses.retrieve(r.id)
+    with pytest.raises(openai.NotFoundError):
+        await client.responses.delete(r.id)
+
+
+async def test_previous_response_chain_with_tools_and_branches(tokenizer):
+    client, source = client_for(tokenizer, CALL, "It is sunny.", "Left.", "Right.")
+    first = await client.responses.create(input="Weather?", tools=[WEATHER])
+    call = first.output[0]
+    second = await client.responses.create(
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}],
+        previous_response_id=first.id,
+        tools=[WEATHER],
+    )
+    p = prompt_text(tokenizer, source)
+    assert "Weather?" in p and '"city": "Zürich"' in p and "<tool_response>\nsunny" in p
+    left = await client.responses.create(input="Go left", previous_response_id=second.id)
+    right = await client.responses.create(input="Go right", previous_response_id=second.id)
+    p_left, p_right = prompt_text(tokenizer, source, -2), prompt_text(tokenizer, source, -1)
+    assert "It is sunny." in p_left and "It is sunny." in p_right
+    assert "Go left" in p_left and "Go left" not in p_right and "Left." not in p_right
+    assert left.previous_response_id == right.previous_response_id == second.id
+    await client.responses.delete(first.id)  # ancestors may go; the chain survives
+    await client.responses.create(input="more", previous_response_id=left.id)
+    assert "Weather?" in prompt_text(tokenizer, source)
+
+
+# -- background, cancel ---------------------------------------------------------------------
+
+
+async def test_background_replay_after_n_then_live(tokenizer):
+    script = Script(ids(tokenizer, "one two three four five six seven"), delay=0.02)
+    client, _ = client_for(tokenizer, script)
+    queued = await client.responses.create(input="count", background=True)
+    assert queued.status == "queued" and queued.background
+    first = await client.responses.retrieve(queued.id, stream=True)
+    seen = []
+    async for e in first:
+        seen.append(e)
+        if len(seen) == 8:
+            break
+    await first.close()
+    assert [e.type for e in seen[:3]] == [
+        "response.created", "response.queued", "response.in_progress"
+    ]  # fmt: skip
+    rest = await client.responses.retrieve(queued.id, stream=True, starting_after=5)
+    tail = [e async for e in rest]
+    assert tail[0].sequence_number == 6 and tail[:2] == seen[6:8]
+    everything = seen[:6] + tail
+    check_stream(everything)
+    assert everything[-1].type == "response.completed"
+    assert fold(everything).output_text == "one two three four five six seven"
+    done = await client.responses.retrieve(queued.id)
+    assert done.status == "completed"
+
+
+async def test_cancel_background_keeps_partial_output(tokenizer):
+    script = Script(ids(tokenizer, "word " * 200), delay=0.005)
+    client, source = client_for(tokenizer, script)
+    r = await client.responses.create(input="go", background=True)
+    stream = await client.responses.retrieve(r.id, stream=True)
+    async for e in stream:
+        if e.type == "response.output_text.delta" and e.sequence_number > 10:
+            break
+    cancelled = await client.responses.cancel(r.id)
+    assert cancelled.status == "cancelled" and cancelled.output[0].status == "incomplete"
+    assert cancelled.output_text.startswith("word word")
+    assert source.cancelled == 1
+    again = await client.responses.cancel(r.id)
+    assert again.status == "cancelled" and again.output == cancelled.output
+    rest = [e async for e in stream]
+    check_stream([e async for e in await client.responses.retrieve(r.id, stream=True)])
+    assert all(e.type != "response.completed" for e in rest)
+
+
+async def test_cancel_synchronous_is_an_error(tokenizer):
+    client, _ = client_for(tokenizer, "done")
+    r = await client.responses.create(input="x")
+    with pytest.raises(openai.BadRequestError):
+        await client.responses.cancel(r.id)
+
+
+async def test_closing_a_stream_stops_generation(tokenizer):
+    client, source = client_for(tokenizer, Script(ids(tokenizer, "la " * 100), delay=0.002))
+    stream = await client.responses.create(input="sing", stream=True)
+    async with stream:
+        async for e in stream:
+            if e.type == "response.output_text.delta":
+                break
+    assert source.cancelled == 1
+    stored = await client.responses.retrieve(stream.response_id)
+    assert stored.status == "cancelled"
+
+
+async def test_cached_tokens_reported(tokenizer):
+    client, _ = client_for(tokenizer, Script(ids(tokenizer, "ok"), cached_tokens=7))
+    r = await client.responses.create(input="x")
+    assert r.usage.input_tokens_details.cached_tokens == 7
+    assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens

@@ -1,0 +1,528 @@
+"""The real bundled front end in headless Chromium, fed by the real Python view.
+
+The Python ``ResponseView`` replays a recorded stream and its outgoing messages (the initial
+snapshot, coalesced patches, the final snapshot trait) are delivered, in order, to the ES
+module mounted in a minimal anywidget host (``tests/browser/harness.html``). Every request
+the page makes is served from disk or refused, so a remote load would be caught.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import shutil
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.paths import ROOT
+from helpers.recorded import find_recorded
+
+from nbresponses.view import ResponseView
+
+pytestmark = pytest.mark.browser
+
+STATIC = ROOT / "nbresponses" / "view" / "static"
+HARNESS = Path(__file__).with_name("browser") / "harness.html"
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ORIGIN = "http://nbr.test"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not Path(CHROMIUM).exists():
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+class Page:
+    """A harness page; ``foreign`` lists every request that was not ours (all are refused)."""
+
+    def __init__(self, browser: Any, dark: bool = False) -> None:
+        self.page = browser.new_page(viewport={"width": 820, "height": 900})
+        self.foreign: list[str] = []
+        self.errors: list[str] = []
+        self.page.on("pageerror", lambda exc: self.errors.append(str(exc)))
+        self.page.route("**/*", self._serve)
+        self.page.goto(f"{ORIGIN}/harness.html")
+        self.page.wait_for_function("window.harnessReady === true")
+        if dark:
+            self.page.evaluate("document.body.classList.add('dark')")
+
+    def _serve(self, route: Any) -> None:
+        url = route.request.url
+        if url == f"{ORIGIN}/harness.html":
+            route.fulfill(path=str(HARNESS), content_type="text/html")
+        elif url.startswith(f"{ORIGIN}/static/"):
+            name = url.removeprefix(f"{ORIGIN}/static/")
+            kind = "text/javascript" if name.endswith(".js") else "text/css"
+            route.fulfill(path=str(STATIC / name), content_type=kind)
+        else:
+            self.foreign.append(url)
+            route.abort()
+
+    def mount(self, traits: dict[str, Any]) -> int:
+        return self.page.evaluate("t => window.harness.mount(t)", traits)
+
+    def deliver(self, wid: int, messages: list[dict[str, Any]]) -> None:
+        self.page.evaluate("([i, m]) => window.harness.deliver(i, m)", [wid, messages])
+
+    def set_trait(self, wid: int, key: str, value: Any) -> None:
+        self.page.evaluate("([i, k, v]) => window.harness.setTrait(i, k, v)", [wid, key, value])
+
+    def sent(self, wid: int) -> list[dict[str, Any]]:
+        return self.page.evaluate("i => window.harness.sent(i)", wid)
+
+    def state(self, wid: int) -> dict[str, Any]:
+        return self.page.evaluate("i => window.harness.state(i)", wid)
+
+    def root(self, wid: int) -> Any:
+        return self.page.locator("#app > div").nth(wid).locator(".nbr-root")
+
+    def shot(self, wid: int, name: str) -> Path:
+        """Screenshot the view, and its popover where that reaches beyond the view."""
+        ARTIFACTS.mkdir(exist_ok=True)
+        path = ARTIFACTS / name
+        boxes = [self.root(wid).bounding_box()]
+        tip = self.root(wid).locator(".nbr-tip")
+        if tip.is_visible():
+            boxes.append(tip.bounding_box())
+        x0 = min(b["x"] for b in boxes) - 4
+        y0 = min(b["y"] for b in boxes) - 4
+        x1 = max(b["x"] + b["width"] for b in boxes) + 4
+        y1 = max(b["y"] + b["height"] for b in boxes) + 4
+        clip = {
+            "x": max(0, x0),
+            "y": max(0, y0),
+            "width": x1 - max(0, x0),
+            "height": y1 - max(0, y0),
+        }
+        self.page.screenshot(path=str(path), clip=clip)
+        return path
+
+
+class KernelLoop:
+    """An event loop in its own thread, standing in for the kernel's (Playwright's sync API
+    occupies the test thread's loop)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Any, timeout: float = 30) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+KERNEL = KernelLoop()
+
+
+def replay(
+    events: list[Any], pace: float = 0.0
+) -> tuple[dict[str, Any], list[dict[str, Any]], ResponseView]:
+    """Run the Python view over ``events`` (``pace`` seconds apart); return its first
+    snapshot, its messages and the view."""
+
+    async def run() -> tuple[dict[str, Any], list[dict[str, Any]], ResponseView]:
+        async def source():
+            for event in events:
+                yield event
+                await asyncio.sleep(pace)
+
+        view = ResponseView(source(), flush_interval=0)
+        initial = copy.deepcopy(view._snapshot)
+        sent: list[dict[str, Any]] = []
+        view._post = sent.append  # type: ignore[method-assign]
+        await view
+        return initial, sent, view
+
+    initial, sent, view = KERNEL.run(run())
+    return initial, json.loads(json.dumps(sent)), view
+
+
+def recorded(name: str) -> Any:
+    return find_recorded(name)
+
+
+def test_stream_renders_live_and_ends_equal_to_python(browser: Any) -> None:
+    events = recorded("vercel-ai__openai-reasoning-encrypted-content.1.chunks.txt#0")
+    initial, messages, view = replay(events, pace=0.01)
+    page = Page(browser)
+    wid = page.mount({"_snapshot": initial})
+    assert page.sent(wid) == [{"kind": "sync"}]  # a live view asks for the current state
+
+    # Half-way: reasoning streams while collapsed, the status is live.
+    half = len(messages) // 2
+    page.deliver(wid, messages[:half])
+    root = page.root(wid)
+    assert root.locator(".nbr-status").get_attribute("data-status") == "in_progress"
+    page.deliver(wid, messages[half:])
+
+    # Patches alone bring the front end to exactly the Python state.
+    assert page.state(wid) == json.loads(json.dumps(view.state))
+    page.set_trait(wid, "_snapshot", json.loads(json.dumps(view._snapshot)))
+
+    details = root.locator("details.nbr-reasoning")
+    assert details.count() == 1
+    assert details.evaluate("d => d.open") is False
+    summary_text = view.state["response"]["output"][0]["summary"][0]["text"]
+    assert root.locator(".nbr-reasoning-body").inner_text().strip()[:30] in summary_text
+    fn = root.locator(".nbr-function")
+    assert "calculator" in fn.locator(".nbr-item-title").inner_text()
+    call = next(i for i in view.state["response"]["output"] if i["type"] == "function_call")
+    assert json.loads(fn.locator(".nbr-args").inner_text()) == json.loads(call["arguments"])
+    assert root.locator(".nbr-status").inner_text() == "completed"
+    footer = root.locator(".nbr-foot").inner_text()
+    usage = view.state["response"]["usage"]
+    assert f"{usage['input_tokens']:,}" in footer and "tok/s" in footer
+    details.locator("summary").click()
+    assert details.evaluate("d => d.open") is True
+    page.shot(wid, "view-reasoning-tool-call.png")
+    assert page.foreign == [] and page.errors == []
+    page.page.close()
+
+
+def test_mid_stream_reasoning_shows_thinking(browser: Any) -> None:
+    events = recorded("vercel-ai__azure-gpt5-reasoning-multi-summary")
+    initial, messages, view = replay(events)
+    # cut just before the reasoning item is done (its end time is set)
+    first_text = next(
+        n
+        for n, m in enumerate(messages)
+        for op in m["ops"]
+        if op[1][:2] == ["view", "items"] and op[1][-1:] == ["t1"]
+    )
+    page = Page(browser, dark=True)
+    wid = page.mount({"_snapshot": initial})
+    page.deliver(wid, messages[:first_text])
+    root = page.root(wid)
+    summary = root.locator("details.nbr-reasoning > summary").inner_text()
+    assert summary.startswith("Thinking…") and "deltas" in summary
+    page.shot(wid, "view-thinking-dark.png")
+    page.deliver(wid, messages[first_text:])
+    assert page.state(wid) == json.loads(json.dumps(view.state))
+    assert "Thinking" not in root.locator("details.nbr-reasoning > summary").inner_text()
+    page.page.close()
+
+
+# (token, logprob, alternatives): a greedy answer with a thin first-token margin (DESIGN.md §3)
+LOGPROB_TOKENS = [
+    ("The", -1.883, [("The", -1.883), ("L", -1.965), ("Paris", -2.41)]),
+    (" capital", -0.052, [(" capital", -0.052), (" city", -3.1), (" French", -4.6)]),
+    (" of", -0.0008, [(" of", -0.0008), (" city", -7.5)]),
+    (" France", -0.0004, [(" France", -0.0004), (" the", -8.2)]),
+    (" is", -0.021, [(" is", -0.021), (",", -4.0), (" has", -5.3)]),
+    (" Paris", -0.11, [(" Paris", -0.11), (" the", -2.6), (" located", -3.9)]),
+    (".", -0.35, [(".", -0.35), (",", -1.4), ("!", -4.2)]),
+    (" It", -0.9, [(" It", -0.9), ("\n\n", -1.1), (" Paris", -2.3)]),
+    (" is", -0.4, [(" is", -0.4), ("'s", -1.3)]),
+    (" known", -1.2, [(" known", -1.2), (" also", -1.6), (" the", -1.9)]),
+    (" for", -0.3, [(" for", -0.3), (" as", -1.35)]),
+    (" the", -1.6, [(" its", -0.7), (" the", -1.6), (" art", -2.8)]),
+    (" Eiffel", -0.25, [(" Eiffel", -0.25), (" Louvre", -1.8)]),
+    (" Tower", -0.001, [(" Tower", -0.001)]),
+    (".", -0.08, [(".", -0.08), (",", -2.7), (" and", -3.9)]),
+]
+
+
+def _logprob_events() -> list[dict[str, Any]]:
+    item = {
+        "type": "message",
+        "id": "msg_lp",
+        "role": "assistant",
+        "status": "in_progress",
+        "content": [],
+    }
+    part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+    events: list[dict[str, Any]] = [
+        {
+            "type": "response.created",
+            "response": {
+                "id": "resp_lp",
+                "status": "in_progress",
+                "model": "SmolLM2-135M-Instruct",
+                "output": [],
+            },
+        },
+        {"type": "response.output_item.added", "output_index": 0, "item": item},
+        {
+            "type": "response.content_part.added",
+            "output_index": 0,
+            "content_index": 0,
+            "part": part,
+        },
+    ]
+    for token, logprob, alternatives in LOGPROB_TOKENS:
+        top = [{"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in alternatives]
+        lp = {
+            "token": token,
+            "logprob": logprob,
+            "bytes": list(token.encode()),
+            "top_logprobs": top,
+        }
+        events.append(
+            {
+                "type": "response.output_text.delta",
+                "output_index": 0,
+                "content_index": 0,
+                "delta": token,
+                "logprobs": [lp],
+            }
+        )
+    text = "".join(t for t, _, _ in LOGPROB_TOKENS)
+    usage = {
+        "input_tokens": 29,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": len(LOGPROB_TOKENS),
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": 29 + len(LOGPROB_TOKENS),
+    }
+    done_item = {
+        **item,
+        "status": "completed",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
+    events += [
+        {"type": "response.output_item.done", "output_index": 0, "item": done_item},
+        {
+            "type": "response.completed",
+            "response": {
+                "id": "resp_lp",
+                "status": "completed",
+                "model": "SmolLM2-135M-Instruct",
+                "output": [done_item],
+                "usage": usage,
+            },
+        },
+    ]
+    return events
+
+
+def test_heat_map_toggle_and_alternatives(browser: Any) -> None:
+    initial, messages, view = replay(_logprob_events(), pace=0.004)
+    part = view.state["response"]["output"][0]["content"][0]
+    assert len(part["logprobs"]) == len(LOGPROB_TOKENS)  # streamed logprobs survive the done item
+    page = Page(browser)
+    wid = page.mount({"_snapshot": initial})
+    page.deliver(wid, messages)
+    page.set_trait(wid, "_snapshot", json.loads(json.dumps(view._snapshot)))
+    root = page.root(wid)
+    toggle = root.locator(".nbr-heat-toggle")
+    assert toggle.get_attribute("aria-pressed") == "false"
+    assert root.locator(".nbr-token").count() == 0
+    toggle.click()
+    page.page.evaluate("window.harness.frames()")
+    assert toggle.get_attribute("aria-pressed") == "true"
+    tokens = root.locator(".nbr-token")
+    assert tokens.count() == len(LOGPROB_TOKENS)
+    assert "".join(tokens.all_inner_texts()) == part["text"]
+    colours = tokens.evaluate_all("els => els.map(e => getComputedStyle(e).backgroundColor)")
+    # viridis: unlikely tokens dark purple, near-certain ones yellow
+    assert colours[0] != colours[3] and colours[3] == "rgb(253, 231, 37)"
+    tokens.nth(0).hover()
+    tip = root.locator(".nbr-tip")
+    assert tip.is_visible()
+    rows = tip.locator("tr")
+    assert rows.count() == 3
+    assert rows.nth(1).inner_text().split()[0] == "L"
+    assert "15.2%" in tip.inner_text()  # exp(-1.883)
+    page.shot(wid, "view-heatmap.png")
+    tokens.nth(5).click()  # a click pins the popover ...
+    root.locator(".nbr-head").hover()
+    assert tip.is_visible() and "Paris" in tip.inner_text()
+    root.locator(".nbr-model").click()  # ... and a click elsewhere hides it
+    assert not tip.is_visible()
+    toggle.click()
+    page.page.evaluate("window.harness.frames()")
+    assert root.locator(".nbr-token").count() == 0
+    assert page.foreign == [] and page.errors == []
+    page.page.close()
+
+
+def test_heat_map_on_recorded_logprobs(browser: Any) -> None:
+    view = ResponseView(recorded("pydantic-ai__test_openai_instructions_with_responses_logprobs"))
+    page = Page(browser)
+    wid = page.mount({"_snapshot": json.loads(json.dumps(view._snapshot))})
+    assert page.sent(wid) == []  # a finished view needs nothing from the kernel
+    root = page.root(wid)
+    root.locator(".nbr-heat-toggle").click()
+    page.page.evaluate("window.harness.frames()")
+    part = view.state["response"]["output"][0]["content"][0]
+    assert root.locator(".nbr-token").count() == len(part["logprobs"])
+    root.locator(".nbr-token").first.hover()
+    assert root.locator(".nbr-tip").is_visible()  # no alternatives recorded: token and p only
+    assert page.errors == []
+    page.page.close()
+
+
+XSS_TEXT = """Hello **world**.
+
+<script>window.__pwned = 'script'</script>
+
+<img src="x" onerror="window.__pwned = 'onerror'">
+
+Inline <img src=y onerror="window.__pwned = 'inline'"> and
+<b onmouseover="window.__pwned = 'b'">bold</b>.
+
+<svg onload="window.__pwned = 'svg'"></svg>
+
+[click me](javascript:window.__pwned='href') and [data](data:text/html,<script>alert(1)</script>)
+
+<a href="javascript:window.__pwned='raw-a'">raw link</a>
+
+<iframe src="http://evil.example/frame"></iframe>
+
+![tracker](http://evil.example/pixel.png)
+
+<style>body { background: url(http://evil.example/bg.png) }</style>
+
+[safe](https://example.com/docs)
+
+```python
+print("<b>not bold</b>")
+```
+"""
+
+
+def _message_events(text: str) -> list[dict[str, Any]]:
+    item = {
+        "type": "message",
+        "id": "msg_1",
+        "role": "assistant",
+        "status": "in_progress",
+        "content": [],
+    }
+    part = {"type": "output_text", "text": "", "annotations": []}
+    return [
+        {
+            "type": "response.created",
+            "response": {"id": "resp_x", "status": "in_progress", "output": []},
+        },
+        {"type": "response.output_item.added", "output_index": 0, "item": item},
+        {
+            "type": "response.content_part.added",
+            "output_index": 0,
+            "content_index": 0,
+            "part": part,
+        },
+        *[
+            {
+                "type": "response.output_text.delta",
+                "output_index": 0,
+                "content_index": 0,
+                "delta": text[i : i + 7],
+            }
+            for i in range(0, len(text), 7)
+        ],
+        {
+            "type": "response.output_text.annotation.added",
+            "output_index": 0,
+            "content_index": 0,
+            "annotation_index": 0,
+            "annotation": {
+                "type": "url_citation",
+                "url": "javascript:window.__pwned='citation'",
+                "title": "bad",
+                "start_index": 0,
+                "end_index": 1,
+            },
+        },
+    ]
+
+
+def test_model_output_cannot_run_script_or_load_remote_content(browser: Any) -> None:
+    initial, messages, view = replay(_message_events(XSS_TEXT))
+    page = Page(browser)
+    wid = page.mount({"_snapshot": initial})
+    page.deliver(wid, messages)
+    page.set_trait(wid, "_snapshot", json.loads(json.dumps(view._snapshot)))
+    root = page.root(wid)
+    md = root.locator(".nbr-md")
+    assert "world" in md.locator("strong").inner_text()
+    assert root.locator("script, img, iframe, svg, style, [onerror], [onload]").count() == 0
+    assert 'print("<b>not bold</b>")' in md.locator("pre code").inner_text()
+    links = root.locator("a")
+    for i in range(links.count()):
+        link = links.nth(i)
+        href = link.get_attribute("href")
+        assert href is None or href.startswith("https://")
+        assert link.get_attribute("target") == "_blank"
+        assert link.get_attribute("rel") == "noopener noreferrer"
+    assert root.locator("a[href='https://example.com/docs']").count() == 1
+    for text in ("click me", "data", "bad"):
+        root.get_by_text(text, exact=True).first.click()
+    assert "<svg onload=" in md.inner_text()  # raw model HTML is shown as text, inert
+    page.page.evaluate("window.harness.frames()")
+    assert page.page.evaluate("window.__pwned") is None
+    page.shot(wid, "view-sanitised.png")
+    assert page.foreign == []  # no remote image, frame or stylesheet was even requested
+    assert page.errors == []
+    page.page.close()
+
+
+def test_cancel_button_sends_cancel_and_unknown_events_show(browser: Any) -> None:
+    events = [
+        {
+            "type": "response.created",
+            "response": {"id": "resp_c", "status": "in_progress", "output": []},
+        },
+        {"type": "response.future_thing.delta", "output_index": 0, "delta": "?", "extra": {"a": 1}},
+    ]
+
+    async def run() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        gate = asyncio.Event()
+
+        async def source():
+            for event in events:
+                yield event
+            await gate.wait()
+
+        view = ResponseView(source(), cancel=gate.set, flush_interval=0)
+        sent: list[dict[str, Any]] = []
+        initial = copy.deepcopy(view._snapshot)
+        view._post = sent.append  # type: ignore[method-assign]
+        await asyncio.sleep(0.05)
+        return initial, json.loads(json.dumps(sent)), view
+
+    initial, messages, view = KERNEL.run(run())
+    page = Page(browser)
+    wid = page.mount({"_snapshot": initial})
+    page.deliver(wid, messages)
+    root = page.root(wid)
+    assert "1 event(s)" in root.locator(".nbr-unknown-list summary").inner_text()
+    assert "future_thing" in root.locator(".nbr-unknown-list").text_content()
+    button = root.locator(".nbr-cancel")
+    button.click()
+    assert page.sent(wid)[-1] == {"kind": "cancel"}
+    KERNEL.loop.call_soon_threadsafe(view._on_front_end, view, {"kind": "cancel"}, [])
+
+    async def wait() -> Any:
+        return await view
+
+    response = KERNEL.run(wait())
+    assert response.status == "cancelled"
+    page.set_trait(wid, "_snapshot", json.loads(json.dumps(view._snapshot)))
+    assert root.locator(".nbr-status").inner_text() == "cancelled"
+    assert root.locator(".nbr-cancel").count() == 0
+    assert page.errors == []
+    page.page.close()
