@@ -12,7 +12,7 @@ prefix cache is off unless ``--warm``.
 When llama-cpp-python is installed and no ``--gguf`` is given, the bundled GGUF (Q4_1) is
 converted to Q8_0 with llama.cpp's own quantizer (``llama_model_quantize``, requantizing: the
 weights carry Q4_1's precision, the tensors and kernels are Q8_0's, so speed is Q8_0's). Without
-llama-cpp-python the llama.cpp column is the ANCHOR from DESIGN.md §3 (Q8_0, batch 1, 127 tok/s
+llama-cpp-python the llama.cpp column is the ANCHOR from docs/concepts/measurements.md (Q8_0, batch 1, 127 tok/s
 on a quiet machine with this model and prompt), not a measurement of this run: on a busy machine
 every measured number drops and the ratio against the anchor understates.
 
@@ -45,7 +45,7 @@ MIXED_CONTEXT = (
 )
 
 Result = dict[str, float]  # ttft_s, decode_tps (batch 1), aggregate_tps
-LLAMA_CPP_Q8_ANCHOR = 127.0  # tok/s, batch 1, DESIGN.md §3 (not measured by this script)
+LLAMA_CPP_Q8_ANCHOR = 127.0  # tok/s, batch 1, docs/concepts/measurements.md (not measured here)
 CONCURRENCY = (1, 4, 16)
 
 
@@ -318,7 +318,7 @@ def _report(med: dict[str, Result], engines: dict, base: str) -> None:
     print("tok/s: batch-1 decode for x1 and single systems, aggregate for x4/x16/x16 mixed")
     if not llama:
         print(
-            f"* llama.cpp Q8_0 = {LLAMA_CPP_Q8_ANCHOR:.0f} tok/s is the DESIGN.md anchor (quiet "
+            f"* llama.cpp Q8_0 = {LLAMA_CPP_Q8_ANCHOR:.0f} tok/s is the documented anchor (quiet "
             "machine), NOT measured in this run; target: >= 1.2x"
         )
     for recipe in engines:

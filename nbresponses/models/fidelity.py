@@ -1,6 +1,6 @@
 """How faithful is a quantized model to its fp32 export? Measured teacher-forced at prepare time.
 
-Greedy answers are a poor test (DESIGN.md: SmolLM2's first token for a simple question has a
+Greedy answers are a poor test (docs/concepts/measurements.md: SmolLM2's first token for a simple question has a
 0.08-nat margin), so we compare full next-token distributions, on two kinds of text built from
 the varied conversations of ``fidelity_set.py``:
 - ``reference``: the assistant turns as written (what a scorer of given text sees);

@@ -138,10 +138,6 @@ class EventBuilder:
         self._item = None
 
     @property
-    def open_kind(self) -> str | None:
-        return None if self._item is None else self._item.type
-
-    @property
     def current(self) -> Any:
         """The open output item (the live object in ``response.output``), or None."""
         return self._item
@@ -217,39 +213,34 @@ class EventBuilder:
         self._item.content.append(part)
         self._part_event(ResponseContentPartAddedEvent, "response.content_part.added", part)
 
+    def _item_event(self, cls: type, kind: str, **fields: Any) -> None:
+        """An event about the open item (its id and output index filled in)."""
+        self._send(cls, type=kind, item_id=self._item.id, output_index=self._index, **fields)
+
+    def _content_event(self, cls: type, kind: str, **fields: Any) -> None:
+        """An event about the open item's (one) content part."""
+        self._item_event(cls, kind, content_index=0, **fields)
+
     def _part_event(self, cls: type, kind: str, part: Any) -> None:
-        self._send(
-            cls,
-            type=kind,
-            item_id=self._item.id,
-            output_index=self._index,
-            content_index=0,
-            part=part.model_copy(deep=True),
-        )
+        self._content_event(cls, kind, part=part.model_copy(deep=True))
 
     def text_delta(self, text: str, logprobs: list[TokenLogprob]) -> None:
         part = self._item.content[0]
         part.text += text
         part.logprobs = [*(part.logprobs or []), *(lp.for_output() for lp in logprobs)]
         self._logprobs.extend(logprobs)
-        self._send(
+        self._content_event(
             ResponseTextDeltaEvent,
-            type="response.output_text.delta",
-            item_id=self._item.id,
-            output_index=self._index,
-            content_index=0,
+            "response.output_text.delta",
             delta=text,
             logprobs=[lp.for_delta() for lp in logprobs],
         )
 
     def _close_message(self, status: ItemStatus) -> None:
         part = self._item.content[0]
-        self._send(
+        self._content_event(
             ResponseTextDoneEvent,
-            type="response.output_text.done",
-            item_id=self._item.id,
-            output_index=self._index,
-            content_index=0,
+            "response.output_text.done",
             text=part.text,
             logprobs=[lp.for_done() for lp in self._logprobs],
         )
@@ -272,23 +263,13 @@ class EventBuilder:
 
     def reasoning_delta(self, text: str) -> None:
         self._text += text
-        self._send(
-            ResponseReasoningTextDeltaEvent,
-            type="response.reasoning_text.delta",
-            item_id=self._item.id,
-            output_index=self._index,
-            content_index=0,
-            delta=text,
+        self._content_event(
+            ResponseReasoningTextDeltaEvent, "response.reasoning_text.delta", delta=text
         )
 
     def _close_reasoning(self, status: ItemStatus) -> None:
-        self._send(
-            ResponseReasoningTextDoneEvent,
-            type="response.reasoning_text.done",
-            item_id=self._item.id,
-            output_index=self._index,
-            content_index=0,
-            text=self._text,
+        self._content_event(
+            ResponseReasoningTextDoneEvent, "response.reasoning_text.done", text=self._text
         )
         self._part_event(
             ResponseContentPartDoneEvent,
@@ -314,21 +295,17 @@ class EventBuilder:
 
     def arguments_delta(self, text: str) -> None:
         self._item.arguments += text
-        self._send(
+        self._item_event(
             ResponseFunctionCallArgumentsDeltaEvent,
-            type="response.function_call_arguments.delta",
-            item_id=self._item.id,
-            output_index=self._index,
+            "response.function_call_arguments.delta",
             delta=text,
         )
 
     def close_call(self, arguments: str, status: ItemStatus) -> None:
         self._item.arguments = arguments
-        self._send(
+        self._item_event(
             ResponseFunctionCallArgumentsDoneEvent,
-            type="response.function_call_arguments.done",
-            item_id=self._item.id,
-            output_index=self._index,
+            "response.function_call_arguments.done",
             arguments=arguments,
         )
         self._item.status = status
@@ -337,8 +314,7 @@ class EventBuilder:
     # -- built-in tools (gpt-oss) --------------------------------------------------------
 
     def _tool_event(self, event: tuple[type, str], **fields: Any) -> None:
-        cls, kind = event
-        self._send(cls, type=kind, item_id=self._item.id, output_index=self._index, **fields)
+        self._item_event(*event, **fields)
 
     def open_tool(self, kind: str, fields: dict[str, Any]) -> None:
         """A built-in tool call's item (``kind``: its item type; ``fields``: what the tool

@@ -81,9 +81,6 @@ class Exchange:
             await self.close()  # the caller gave up before the response began
             raise
 
-    def disconnect(self) -> None:
-        self._over.set()
-
     async def close(self) -> None:
         """The client is done reading: tell the app, give it a moment to clean up."""
         self._over.set()

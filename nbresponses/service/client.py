@@ -177,7 +177,6 @@ class AsyncResponses:
 
     def _settled(self, record: Record, req: CreateRequest) -> None:
         if not req.background:
-            record.run.keep_events = False
             record.run.events = []  # only background responses can be streamed again
         self._client.store.settled(record)
 

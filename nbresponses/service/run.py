@@ -50,7 +50,6 @@ class ResponseRun:
         self._changed = asyncio.Event()
         self.done = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
-        self.keep_events = True
 
     @property
     def response(self) -> Response:

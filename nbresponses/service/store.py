@@ -9,7 +9,7 @@ Responses still running are never evicted; evicting one only forgets it here.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from nbresponses.protocol.items import InputItem
@@ -21,10 +21,8 @@ class Record:
     run: ResponseRun
     input: list[InputItem]
     context: list[Any]  # conversation before this request: ancestors' inputs and outputs
-    instructions: str | None = None
     size: int = 0
     background: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def history(self) -> list[Any]:
         """The conversation through this response's output: what a child continues from.

@@ -70,7 +70,7 @@ async def test_fp32_batched_equals_alone(bundled_fp32, prompts):
 async def test_default_recipe_batched_vs_alone(bundled_model, prompts):
     """MatMulNBits (accuracy_level 4) quantizes activations per row block, so batch-mates do not
     change a row's inputs; but its kernels take a different path at M=1 (GEMV) than M>1 (GEMM),
-    which changes float rounding (logits move by up to ~0.9, DESIGN.md). Greedy tokens agree
+    which changes float rounding (logits move by up to ~0.9, docs/concepts/measurements.md). Greedy tokens agree
     until a near-tie flips; the prefix cache is off here to measure batching alone."""
     alone, batched, staggered = await _alone_and_batched(
         bundled_model, prompts, prefix_cache_bytes=0

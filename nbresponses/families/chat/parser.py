@@ -86,10 +86,6 @@ class StreamParser:
 
     # -- public ---------------------------------------------------------------------------
 
-    @property
-    def in_tool_call(self) -> bool:
-        return self._state in ("tool", "args", "tail")
-
     def feed(self, text: str) -> list[Event]:
         self._cuts = [c for c in self._cuts if c >= self._pos]
         self._cuts.append(self._pos + len(self._pending))
