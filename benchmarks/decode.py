@@ -12,9 +12,10 @@ prefix cache is off unless ``--warm``.
 When llama-cpp-python is installed and no ``--gguf`` is given, the bundled GGUF (Q4_1) is
 converted to Q8_0 with llama.cpp's own quantizer (``llama_model_quantize``, requantizing: the
 weights carry Q4_1's precision, the tensors and kernels are Q8_0's, so speed is Q8_0's). Without
-llama-cpp-python the llama.cpp column is the ANCHOR from docs/concepts/measurements.md (Q8_0, batch 1, 127 tok/s
-on a quiet machine with this model and prompt), not a measurement of this run: on a busy machine
-every measured number drops and the ratio against the anchor understates.
+llama-cpp-python the llama.cpp column is the ANCHOR from docs/concepts/measurements.md (Q8_0,
+batch 1, 127 tok/s on a quiet machine with this model and prompt), not a measurement of this
+run: on a busy machine every measured number drops and the ratio against the anchor
+understates.
 
     pip install llama-cpp-python   # builds llama.cpp from source (about 7 min on 2 cores)
     python benchmarks/decode.py --rounds 3

@@ -22,7 +22,8 @@ EXPORT_TASK = "text-generation-with-past"
 
 @contextlib.contextmanager
 def quiet_export() -> Iterator[None]:
-    """Silence the expected flood of TracerWarnings and exporter chatter (docs/concepts/measurements.md).
+    """Silence the expected flood of TracerWarnings and exporter chatter (see
+    docs/concepts/measurements.md).
 
     Also undoes ``logging.basicConfig(level=INFO)``, which some onnxruntime.quantization
     modules call at import time: it would make every library's INFO records print in the

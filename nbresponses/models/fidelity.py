@@ -1,8 +1,8 @@
 """How faithful is a quantized model to its fp32 export? Measured teacher-forced at prepare time.
 
-Greedy answers are a poor test (docs/concepts/measurements.md: SmolLM2's first token for a simple question has a
-0.08-nat margin), so we compare full next-token distributions, on two kinds of text built from
-the varied conversations of ``fidelity_set.py``:
+Greedy answers are a poor test (docs/concepts/measurements.md: SmolLM2's first token for a simple
+question has a 0.08-nat margin), so we compare full next-token distributions, on two kinds of text
+built from the varied conversations of ``fidelity_set.py``:
 - ``reference``: the assistant turns as written (what a scorer of given text sees);
 - ``greedy``: the candidate's own greedy continuation of each prompt (what its users see).
 Both models score the same tokens; we report top-1 agreement (with a 95% Wilson interval over

@@ -1,10 +1,11 @@
 """Build a fused ONNX graph for Llama-family decoders straight from the Hugging Face weights.
 
 Why: the Optimum export runs ~3,150 small kernels per decoded token (shape arithmetic, unfused
-attention, rotary and RMSNorm), which dominates decode time (docs/concepts/measurements.md). This builder writes
-about ten kernels per layer instead, with ONNX Runtime's contrib ops: ``SkipSimplifiedLayer-
-Normalization`` (residual add + RMSNorm), one packed QKV MatMul, ``GroupQueryAttention`` (rotary,
-KV concat, causal softmax in one kernel), one packed gate/up MatMul and ``SwiGLU``.
+attention, rotary and RMSNorm), which dominates decode time (docs/concepts/measurements.md). This
+builder writes about ten kernels per layer instead, with ONNX Runtime's contrib ops:
+``SkipSimplifiedLayerNormalization`` (residual add + RMSNorm), one packed QKV MatMul,
+``GroupQueryAttention`` (rotary, KV concat, causal softmax in one kernel), one packed gate/up MatMul
+and ``SwiGLU``.
 
 The graph keeps the Optimum export's inputs and outputs, names and meaning, so ``fidelity.py``
 runs it unchanged: ``input_ids``, ``attention_mask`` [B, past+S], ``position_ids`` [B, S],

@@ -1,9 +1,9 @@
 """Quantization recipes, selectable by name. Each turns the fp32 export into a model file.
 
-Why these (docs/concepts/measurements.md): Optimum's dynamic int8 uses one activation scale per tensor, which
-changes answers from the first token and makes them depend on batch-mates. ONNX Runtime's
-MatMulNBits with ``accuracy_level=4`` quantizes activations per block and still runs the
-AVX512-VNNI int8 kernels, keeping ~97-99% top-1 agreement with fp32.
+Why these (docs/concepts/measurements.md): Optimum's dynamic int8 uses one activation scale per
+tensor, which changes answers from the first token and makes them depend on batch-mates. ONNX
+Runtime's MatMulNBits with ``accuracy_level=4`` quantizes activations per block and still runs the
+AVX512-VNNI int8 kernels, keeping ~96% top-1 agreement with fp32 on the broad fidelity set.
 """
 
 from __future__ import annotations

@@ -225,7 +225,8 @@ def test_mid_stream_reasoning_shows_thinking(browser: Any) -> None:
     page.page.close()
 
 
-# (token, logprob, alternatives): a greedy answer with a thin first-token margin (docs/concepts/measurements.md)
+# (token, logprob, alternatives): a greedy answer with a thin first-token margin
+# (docs/concepts/measurements.md)
 LOGPROB_TOKENS = [
     ("The", -1.883, [("The", -1.883), ("L", -1.965), ("Paris", -2.41)]),
     (" capital", -0.052, [(" capital", -0.052), (" city", -3.1), (" French", -4.6)]),
