@@ -28,6 +28,8 @@ _LAZY: dict[str, str] = {
     "classification_confidence": "nbresponses.frames",
     "logprobs_heatmap": "nbresponses.frames",
     "function_tool": "nbresponses.service.function_tools",
+    "compare": "nbresponses.frames",
+    "option_likelihoods": "nbresponses.frames",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -9,7 +9,10 @@ from __future__ import annotations
 import asyncio
 import html
 import os
+from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
+
+from openai.types.responses import Response
 
 from nbresponses.models.prepared import PreparedModel
 from nbresponses.runtime.generator import TokenGenerator
@@ -17,6 +20,7 @@ from nbresponses.service.client import AsyncResponsesClient
 
 if TYPE_CHECKING:
     from nbresponses.server.inprocess import InProcessServer
+    from nbresponses.service.scoring import Method, Scorer
 
 
 class Engine:
@@ -101,6 +105,77 @@ class Engine:
         if sync:
             return self._inprocess.openai(sync=True, **options)
         return self._inprocess.openai(**options)
+
+    # -- logprobs of given text -----------------------------------------------------------------
+
+    def _scorer(self) -> Scorer:
+        from nbresponses.service.scoring import Scorer
+
+        return Scorer(self.generator, self._client.family, model=self.model)
+
+    async def score(
+        self,
+        text: str | Sequence[Any],
+        continuation: str | None = None,
+        *,
+        chat: bool | None = None,
+        top_logprobs: int = 0,
+        method: Method = "decode",
+    ) -> Response:
+        """The logprob, exact rank, entropy and ``top_logprobs`` alternatives of every given
+        token, as a Response (``nbr.logprobs_frame``, ``nbr.show`` and the analyses read it).
+
+        ``text`` alone: plain text, every token scored. With ``continuation``: the
+        continuation's tokens after ``text`` (plain, or a chat prompt with ``chat=True``). A
+        list of chat messages ending with an assistant turn: that turn. ``method="decode"``
+        (default) computes each token as a generation does, so a generated answer scores to
+        the very logprobs it streamed; ``"prefill"`` is faster for long texts and corpora.
+        See ``nbresponses.service.scoring``.
+        """
+        return await self._scorer().score(
+            text, continuation, chat=chat, top_logprobs=top_logprobs, method=method
+        )
+
+    async def choose(
+        self,
+        prompt: str | Sequence[Any],
+        options: Sequence[str],
+        *,
+        chat: bool | None = None,
+        method: Method = "decode",
+    ) -> Any:
+        """How likely the model finds each option as the continuation of ``prompt`` (a
+        DataFrame: tokens, summed and mean logprob, probability among the options). The
+        prompt is computed once and shared (prefix cache); the options are scored together."""
+        from nbresponses.frames.scoring import option_likelihoods
+
+        scorer = self._scorer()
+        scorings = await asyncio.gather(
+            *(scorer.score(prompt, option, chat=chat, method=method) for option in options)
+        )
+        return option_likelihoods(scorings, options)
+
+    def score_many(
+        self,
+        texts: Iterable[Any],
+        *,
+        chat: bool | None = None,
+        top_logprobs: int = 0,
+        method: Method = "decode",
+        concurrency: int = 8,
+        progress: bool = True,
+    ) -> AsyncIterator[Response]:
+        """Score many texts (or ``(prompt, continuation)`` pairs) as an async iterator of
+        scorings in input order, ``concurrency`` at a time, with a progress bar;
+        ``nbr.logprobs_frame(list_of_them)`` makes one frame of them all."""
+        return self._scorer().score_many(
+            texts,
+            chat=chat,
+            top_logprobs=top_logprobs,
+            method=method,
+            concurrency=concurrency,
+            progress=progress,
+        )
 
     async def aclose(self) -> None:
         """Stop the decode thread; unfinished requests end as cancelled."""

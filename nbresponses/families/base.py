@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from nbresponses.protocol.events import EventBuilder
+from nbresponses.protocol.events import EventBuilder, TokenLogprob
 from nbresponses.protocol.request import CreateRequest
 from nbresponses.tokens.contract import TokenIdLogprob
 
@@ -73,4 +73,18 @@ class Family(Protocol):
 
     def render(self, req: CreateRequest, history: Sequence[Any]) -> RenderedPrompt:
         """``history`` is the conversation so far: earlier turns, then the request's input."""
+        ...
+
+    # -- text, for scoring given text --------------------------------------------------------
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of plain text (no special tokens added)."""
+        ...
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """The text of token ids, special tokens included."""
+        ...
+
+    def token_logprob(self, logprob: TokenIdLogprob) -> TokenLogprob:
+        """An id-based logprob in the protocol's terms (display strings and bytes)."""
         ...

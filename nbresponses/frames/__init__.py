@@ -8,6 +8,7 @@ from .analysis import classification_confidence, perplexity, sequence_logprob
 from .events import EVENTS_COLUMNS, events_frame
 from .heatmap import logprobs_heatmap
 from .logprobs import LOGPROBS_COLUMNS, TOP_LOGPROBS_COLUMNS, logprobs_frame, top_logprobs_frame
+from .scoring import compare, option_likelihoods
 from .usage import USAGE_COLUMNS, usage_frame
 
 __all__ = [
@@ -16,9 +17,11 @@ __all__ = [
     "TOP_LOGPROBS_COLUMNS",
     "USAGE_COLUMNS",
     "classification_confidence",
+    "compare",
     "events_frame",
     "logprobs_frame",
     "logprobs_heatmap",
+    "option_likelihoods",
     "perplexity",
     "sequence_logprob",
     "top_logprobs_frame",

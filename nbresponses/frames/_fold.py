@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nbresponses.traffic.access import field as get
-from nbresponses.traffic.events import LIFECYCLE, TERMINAL
+from nbresponses.traffic.events import GIVEN_METADATA, LIFECYCLE, TERMINAL
 
 from ._inputs import ResponseSource, Source, StreamSource
 
@@ -29,6 +29,7 @@ class Part:
     output_index: int
     content_index: int
     entries: list[Any]
+    given: bool = False  # the tokens were given (a scoring), not generated
 
 
 @dataclass
@@ -47,16 +48,23 @@ class StreamSummary:
     parts: dict[tuple[int, int], _PartEvents]
 
 
+def is_given(response: Any) -> bool:
+    """Whether a Response is a scoring of given text (see ``traffic.events.GIVEN_METADATA``)."""
+    metadata = get(response, "metadata") if response is not None else None
+    return bool(metadata) and get(metadata, GIVEN_METADATA) == "1"
+
+
 def parts_of_response(response: Any) -> Iterator[Part]:
     """output_text parts with logprobs; other items and content types are skipped."""
     rid = get(response, "id")
+    given = is_given(response)
     for oi, item in enumerate(get(response, "output", ())):
         if get(item, "type") != "message":
             continue
         for ci, content in enumerate(get(item, "content", ())):
             entries = get(content, "logprobs")
             if get(content, "type") == "output_text" and entries:
-                yield Part(rid, get(item, "id"), oi, ci, list(entries))
+                yield Part(rid, get(item, "id"), oi, ci, list(entries), given)
 
 
 def summarize_stream(stream: StreamSource) -> StreamSummary:
@@ -95,7 +103,7 @@ def _parts_of_stream(stream: StreamSource) -> Iterator[Part]:
         events = summary.parts[key]
         entries = events.done or events.deltas
         if entries:
-            yield Part(rid, events.item_id, key[0], key[1], entries)
+            yield Part(rid, events.item_id, key[0], key[1], entries, is_given(summary.response))
 
 
 def iter_parts(sources: list[Source]) -> Iterator[Part]:

@@ -36,13 +36,15 @@ LOGPROBS_COLUMNS: dict[str, str] = {
     "char_offset": "int64",
     "logprob": "float64",
     "prob": "float64",
-    "rank": "Int16",
+    "rank": "Int32",
     "n_top": "int16",
     "runner_up": "category",
     "runner_up_logprob": "float64",
     "margin": "float64",
     "topk_entropy": "float64",
     "topk_mass": "float64",
+    "entropy": "float64",
+    "given": "bool",
 }
 
 #: column -> dtype of :func:`top_logprobs_frame`
@@ -77,6 +79,8 @@ class _Tokens:
     logprobs: np.ndarray
     raw_bytes: list[Any]
     tops: list[Any]
+    ranks: np.ndarray  # exact ranks where the entries carry them (nbresponses' scorings), NaN
+    entropies: np.ndarray  # full-vocabulary entropies where the entries carry them, NaN
 
 
 _ENTRY_FIELDS = ("token", "logprob", "bytes", "top_logprobs")
@@ -101,12 +105,17 @@ def _gather(obj: Any) -> _Tokens:
     logprobs: list[Any] = []
     raw: list[Any] = []
     tops: list[Any] = []
+    ranks: list[float] = []
+    entropies: list[float] = []
     for part in parts:
         part_tokens, part_logprobs, part_raw, part_tops = _read_entries(part.entries)
         tokens += part_tokens
         logprobs += part_logprobs
         raw += part_raw
         tops += part_tops
+        part_ranks, part_entropies = _read_details(part.entries)
+        ranks += part_ranks
+        entropies += part_entropies
     token_array = np.empty(len(tokens), dtype=object)
     token_array[:] = tokens
     return _Tokens(
@@ -117,7 +126,19 @@ def _gather(obj: Any) -> _Tokens:
         logprobs=np.array(logprobs, dtype=np.float64),
         raw_bytes=raw,
         tops=tops,
+        ranks=np.array(ranks, dtype=np.float64),
+        entropies=np.array(entropies, dtype=np.float64),
     )
+
+
+def _read_details(entries: list[Any]) -> tuple[list[float], list[float]]:
+    """Exact rank and entropy per entry: fields nbresponses' scorings add to OpenAI's logprob
+    objects (NaN for entries without them, e.g. any generated answer)."""
+    if not entries or field(entries[0], "entropy") is None:
+        return [math.nan] * len(entries), [math.nan] * len(entries)
+    ranks = [float(field(e, "rank", math.nan)) for e in entries]
+    entropies = [float(field(e, "entropy", math.nan)) for e in entries]
+    return ranks, entropies
 
 
 def _part_columns(data: _Tokens, counts: np.ndarray) -> dict[str, Any]:
@@ -128,6 +149,7 @@ def _part_columns(data: _Tokens, counts: np.ndarray) -> dict[str, Any]:
         "item_id": repeat_categorical([p.item_id for p in parts], counts),
         "output_index": np.repeat(np.array([p.output_index for p in parts], np.int32), counts),
         "content_index": np.repeat(np.array([p.content_index for p in parts], np.int32), counts),
+        "given": np.repeat(np.array([p.given for p in parts], bool), counts),
     }
 
 
@@ -184,8 +206,10 @@ def logprobs_frame(obj: Any) -> pd.DataFrame:
     ``runner_up`` is the likeliest other alternative, ``margin = logprob - runner_up_logprob``.
     ``topk_entropy = -Σ p·log p`` over the returned alternatives only (nats): a lower bound on
     the full-vocabulary entropy; ``topk_mass = Σ p`` says how much of the distribution they
-    cover. Without logprobs the frame is empty (full schema) and a ``UserWarning`` says how to
-    request them.
+    cover. Scorings of given text (``Engine.score``) carry more: ``rank`` is then exact over the
+    whole vocabulary and ``entropy`` is the full distribution's (NaN otherwise); ``given`` says
+    whether the tokens were given (a scoring) or generated. Without logprobs the frame is empty
+    (full schema) and a ``UserWarning`` says how to request them.
     """
     with gc_paused():
         data = _gather(obj)
@@ -195,20 +219,26 @@ def logprobs_frame(obj: Any) -> pd.DataFrame:
 
 def _token_columns(data: _Tokens) -> dict[str, Any]:
     stats = row_stats(top_matrix(data.tops, data.tokens, data.logprobs), data.logprobs)
+    exact = ~np.isnan(data.ranks)
+    ranks = np.where(exact, data.ranks, stats["rank"])
+    part_columns = _part_columns(data, data.counts)
+    given = part_columns.pop("given")
     return {
-        **_part_columns(data, data.counts),
+        **part_columns,
         "position": _positions(data.counts),
         "token": categorical(data.tokens),
         **_text_columns(data),
         "logprob": data.logprobs,
         "prob": np.exp(data.logprobs),
-        "rank": nullable_int(stats["rank"], "Int16"),
+        "rank": nullable_int(ranks, "Int32"),  # exact ranks reach the vocabulary size
         "n_top": stats["n_top"].astype(np.int16),
         "runner_up": categorical(stats["runner_up"]),
         "runner_up_logprob": stats["runner_up_logprob"],
         "margin": stats["margin"],
         "topk_entropy": stats["topk_entropy"],
         "topk_mass": stats["topk_mass"],
+        "entropy": data.entropies,
+        "given": given,
     }
 
 
@@ -221,7 +251,7 @@ def _top_frame(data: _Tokens, top: TopK) -> pd.DataFrame:
     rows, cols = top.rows, top.cols
     logprobs = top.matrix[rows, cols]
     columns = {
-        **_part_columns(data, alternatives_per_part),
+        **{k: v for k, v in _part_columns(data, alternatives_per_part).items() if k != "given"},
         "position": np.repeat(_positions(data.counts), per_token),
         "rank": top.rank[rows, cols].astype(np.int16),
         "token": categorical(flat_tokens(top)),

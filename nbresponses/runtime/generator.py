@@ -212,12 +212,62 @@ class TokenGenerator:
                 f"the prompt has {len(prompt)} tokens; the model's context length is "
                 f"{self._context_length}, leaving no room for an answer"
             )
-        vocab = self.runner.vocab_size
-        if min(prompt) < 0 or max(prompt) >= vocab:
+        self._check_ids(prompt + params.forced_tokens)
+        if len(prompt) + len(params.forced_tokens) > self._context_length:
             raise ValueError(
-                f"token ids must be in the vocabulary [0, {vocab}); "
-                f"got {min(prompt)}..{max(prompt)}"
+                f"the prompt and the forced tokens ({len(prompt) + len(params.forced_tokens)}) "
+                f"are longer than the model's context ({self._context_length})"
             )
+        return self._submit(prompt, params, stats)
+
+    def score(
+        self,
+        token_ids: Sequence[int],
+        *,
+        start: int = 1,
+        top_logprobs: int = 0,
+        stats: GenerationStats | None = None,
+    ) -> GenerationStream:
+        """The logprob of every token from ``start`` on, given those before it, computed in
+        prefill runs (fast: many tokens per run). Steps carry the scored tokens, each with its
+        logprob, rank, entropy and ``top_logprobs`` alternatives; the last ends "length".
+
+        A prefill computes a position with another summation order than a decode step does
+        (docs/concepts/determinism.md): to reproduce the logprobs of a generation bit for bit,
+        force its tokens with ``generate`` (``SamplingParams.forced_tokens``) instead.
+        """
+        if self._closed:
+            raise RuntimeError("the engine is closed")
+        tokens = tuple(int(t) for t in token_ids)
+        if not 1 <= start < len(tokens):
+            raise ValueError(f"start must be in [1, {len(tokens)}): got {start}")
+        if len(tokens) > self._context_length:
+            raise ValueError(
+                f"{len(tokens)} tokens are more than the model's context ({self._context_length}):"
+                " score them in windows"
+            )
+        self._check_ids(tokens)
+        params = SamplingParams(
+            max_tokens=len(tokens) - start, temperature=0, top_logprobs=top_logprobs
+        )
+        sampling.validate(params)
+        return self._submit(tokens, params, stats, score_from=start)
+
+    def _check_ids(self, ids: Sequence[int]) -> None:
+        vocab = self.runner.vocab_size
+        if ids and (min(ids) < 0 or max(ids) >= vocab):
+            raise ValueError(
+                f"token ids must be in the vocabulary [0, {vocab}); got {min(ids)}..{max(ids)}"
+            )
+
+    def _submit(
+        self,
+        prompt: tuple[int, ...],
+        params: SamplingParams,
+        stats: GenerationStats | None,
+        *,
+        score_from: int = 0,
+    ) -> GenerationStream:
         loop = asyncio.get_running_loop()
         mailbox = self._mailboxes.get(loop)
         if mailbox is None:
@@ -233,6 +283,7 @@ class TokenGenerator:
             stats=stats if stats is not None else GenerationStats(),
             sink=sink,
             budget_tokens=min(len(prompt) + params.max_tokens, self._context_length),
+            score_from=score_from,
         )
         self._scheduler.submit(request)
         return GenerationStream(self._scheduler, request, queue)

@@ -81,10 +81,11 @@ class OnnxRunner:
         past: list[Any],
         *,
         in_place: bool = False,
-        position: int = -1,
+        position: int | None = -1,
     ) -> tuple[np.ndarray, list[Any]]:
         """Logits of one position of every row ([B, V] float32; the last one by default, or
-        ``position`` counted from the end, -1 or -2) and the present KV.
+        ``position`` counted from the end, -1 or -2; with ``position=None``, every position of
+        one row, [S, V]) and the present KV.
 
         ``in_place`` (graphs with ``kv_in_place`` only; one new token per row): ``past`` are
         OrtValue buffers with room for the new columns; they are updated and returned as the
@@ -99,11 +100,13 @@ class OnnxRunner:
         }
         feeds = {name: _ortvalue(given[name]) for name in self._inputs}
         if self.last_logits_only:
-            feeds[LOGITS_TO_KEEP] = _ortvalue(np.array([-position], np.int64))
+            keep = 0 if position is None else -position  # 0: every position
+            feeds[LOGITS_TO_KEEP] = _ortvalue(np.array([keep], np.int64))
         for name, value in zip(self.layout.past_names, past, strict=True):
             feeds[name] = _ortvalue(value)
         outputs = self.session.run_with_ort_values(self._outputs, feeds)
-        logits = outputs[0].numpy()[:, position, :]
+        full = outputs[0].numpy()
+        logits = full[0] if position is None else full[:, position, :]
         return np.ascontiguousarray(logits, dtype=np.float32), list(outputs[1:])
 
     def _run_in_place(

@@ -27,6 +27,11 @@ def validate(params: SamplingParams) -> None:
         raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")
     if params.top_k < 0:
         raise ValueError(f"top_k must be >= 0, got {params.top_k}")
+    if params.forced_tokens and params.max_tokens != len(params.forced_tokens):
+        raise ValueError(
+            f"max_tokens ({params.max_tokens}) must equal the number of forced tokens "
+            f"({len(params.forced_tokens)})"
+        )
     if not 0 <= params.top_logprobs <= MAX_TOP_LOGPROBS:
         raise ValueError(
             f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {params.top_logprobs}"
@@ -87,11 +92,25 @@ def _draw(cdf: np.ndarray, rng: np.random.Generator) -> int:
     return min(pick, cdf.shape[0] - 1)
 
 
-def token_logprob(logits: np.ndarray, token_id: int, top: int) -> TokenIdLogprob:
-    """The chosen token's logprob and the ``top`` best alternatives, from the raw logits."""
+def token_logprob(
+    logits: np.ndarray, token_id: int, top: int, *, details: bool = False
+) -> TokenIdLogprob:
+    """The chosen token's logprob and the ``top`` best alternatives, from the raw logits; with
+    ``details``, its rank (1 + the number of tokens more likely) and the entropy in nats."""
     logp = log_softmax(logits)
     alternatives: tuple[tuple[int, float], ...] = ()
     if top > 0:
         idx = _top_indices(logp, top)
         alternatives = tuple((int(i), float(logp[i])) for i in idx)
-    return TokenIdLogprob(token_id=int(token_id), logprob=float(logp[token_id]), top=alternatives)
+    rank = entropy = None
+    if details:
+        rank = 1 + int(np.count_nonzero(logp > logp[token_id]))
+        probs = np.exp(logp.astype(np.float64))
+        entropy = float(-(probs * logp).sum())
+    return TokenIdLogprob(
+        token_id=int(token_id),
+        logprob=float(logp[token_id]),
+        top=alternatives,
+        rank=rank,
+        entropy=entropy,
+    )

@@ -44,6 +44,7 @@ from nbresponses.tokens.contract import (
 
 PREFILL_CHUNK = 512  # prompt tokens per prefill run (even): bounds attention and logits memory
 IDLE_CHUNK = 64  # tokens per run when re-computing a finished answer while idle (even)
+SCORE_CHUNK = 256  # tokens per run of a scoring job (even): its logits are 192 KiB a token
 IDLE_QUEUE = 8  # finished answers remembered for idle re-computation (newest kept)
 
 _ids = itertools.count(1)
@@ -58,6 +59,7 @@ class Request:
     stats: GenerationStats
     sink: Callable[[Step], None]
     budget_tokens: int  # prompt + the most tokens it may generate (KV reservation)
+    score_from: int = 0  # > 0: a scoring job (logprobs of prompt[score_from:]), no generation
     id: int = field(default_factory=lambda: next(_ids))
     rng: np.random.Generator = field(init=False)
     generated: list[int] = field(default_factory=list)
@@ -179,11 +181,15 @@ class Scheduler:
                     if not self._waiting:
                         return
                     request = self._waiting[0]
-                    if not (request.cancelled or self._fits(request, [r for r, _ in joined])):
+                    fits = request.score_from or self._fits(request, [r for r, _ in joined])
+                    if not (request.cancelled or fits):
                         return  # FIFO: later requests wait behind it, nobody starves
                     self._waiting.popleft()
                 if request.cancelled:
                     self._finish(request, Step((), finish_reason="cancelled"))
+                    continue
+                if request.score_from:
+                    self._score(request)
                     continue
                 try:
                     row = self._prefill(request)
@@ -207,6 +213,7 @@ class Scheduler:
         """Compute the KV of ``tokens[start:]`` by prefill runs, given the KV of the first
         ``start`` tokens (``past``). Returns the last token's logits and the KV of all tokens,
         or None when ``abort()`` said so between runs."""
+        start, past = even_start(tokens, start, past)
         count = len(tokens) - start
         padded = tokens + tokens[-1:] * (count % 2)  # the dummy: any valid id will do
         values: list[Any] = self.runner.layout.empty() if past is None else [a[None] for a in past]
@@ -246,6 +253,60 @@ class Scheduler:
         if self._emit(request, logits):
             return None
         return row
+
+    def _score(self, request: Request) -> None:
+        """A scoring job: prefill runs with the logits of every position, each run's tokens
+        sent as one step. Runs of ``SCORE_CHUNK`` tokens, between which decoding rows wait
+        (a long text delays them by one run at a time)."""
+        tokens, start = request.prompt, request.score_from
+        params = request.params
+        request.stats.prompt_tokens = start
+        try:
+            cached, past = self.prefix_cache.lookup(tokens[:start])
+            request.stats.cached_tokens = cached
+            cached, past = even_start(tokens, cached, past)
+            values: list[Any] = (
+                self.runner.layout.empty() if past is None else [a[None] for a in past]
+            )
+            count = len(tokens) - cached
+            padded = tokens + tokens[-1:] * (count % 2)  # even runs, as every prefill
+            begin = cached
+            for length in prefill_runs(count, SCORE_CHUNK):
+                if request.cancelled:
+                    self._finish(request, Step((), finish_reason="cancelled"))
+                    return
+                end = begin + length
+                ids = np.asarray(padded[begin:end], np.int64)[None]
+                logits, values = self.runner.run(
+                    ids,
+                    np.ones((1, end), np.int64),
+                    np.arange(begin, end, dtype=np.int64)[None],
+                    values,
+                    position=None,
+                )
+                # positions [begin, end) predict tokens [begin + 1, end + 1)
+                first = max(start, begin + 1)
+                last = min(end + 1, len(tokens))
+                scored = [
+                    sampling.token_logprob(
+                        logits[p - 1 - begin], tokens[p], params.top_logprobs, details=True
+                    )
+                    for p in range(first, last)
+                ]
+                if scored:
+                    done = last == len(tokens)
+                    step = Step(
+                        tuple(tokens[first:last]),
+                        tuple(scored),
+                        finish_reason="length" if done else None,
+                    )
+                    request.stats.output_tokens += len(scored)
+                    (self._finish if done else self._send)(request, step)
+                begin = end
+            row = [v.numpy()[0][:, : len(tokens)] for v in values]
+            self.prefix_cache.store(tokens, [np.ascontiguousarray(a) for a in row])
+        except Exception as exc:  # one bad job must not stop the others
+            self._finish(request, Step((), finish_reason="error", error=_describe(exc)))
 
     def _recompute_answer(self, tokens: tuple[int, ...]) -> None:
         """Give the prefix cache a finished request's prompt + answer, computed by prefill as a
@@ -291,11 +352,19 @@ class Scheduler:
     def _emit(self, request: Request, logits: np.ndarray) -> bool:
         """Choose a token, send its Step; True when the request is finished."""
         params = request.params
+        forced = params.forced_tokens
         try:
-            token = sampling.choose(logits, params, request.rng)
+            if forced:
+                token = forced[len(request.generated)]
+            else:
+                token = sampling.choose(logits, params, request.rng)
             logprob: tuple[TokenIdLogprob, ...] | None = None
-            if params.logprobs or params.top_logprobs:
-                logprob = (sampling.token_logprob(logits, token, params.top_logprobs),)
+            if params.logprobs or params.top_logprobs or params.details:
+                logprob = (
+                    sampling.token_logprob(
+                        logits, token, params.top_logprobs, details=params.details
+                    ),
+                )
         except Exception as exc:
             self._finish(request, Step((), finish_reason="error", error=_describe(exc)))
             return True
@@ -305,7 +374,7 @@ class Scheduler:
         if stats.first_token_time is None:
             stats.first_token_time = time.perf_counter()
         reason: FinishReason | None = None
-        if token in self.stop_ids or token in params.stop_token_ids:
+        if not forced and (token in self.stop_ids or token in params.stop_token_ids):
             reason = "stop"
         elif (
             len(request.generated) >= params.max_tokens
@@ -332,6 +401,16 @@ class Scheduler:
             request.sink(step)
         except RuntimeError:  # the consumer's event loop is gone
             request.cancelled = True
+
+
+def even_start(tokens: tuple[int, ...], start: int, past: RowKV | None) -> tuple[int, RowKV | None]:
+    """Where to start prefilling so that an even number of tokens remains: one cached token
+    earlier when the count is odd (its KV computes to the same bits), so a dummy token is only
+    ever needed on a cold prompt, which leaves a column for it below the context length."""
+    if (len(tokens) - start) % 2 and start > 0 and past is not None:
+        start -= 1
+        past = [a[:, :start] for a in past]
+    return start, past
 
 
 def prefill_runs(count: int, chunk: int = PREFILL_CHUNK) -> list[int]:

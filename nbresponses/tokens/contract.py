@@ -25,6 +25,10 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     logprobs: bool = False  # compute the chosen token's logprob
     top_logprobs: int = 0  # 0..20 alternatives from the full-vocabulary log-softmax
+    # Teacher forcing: emit these tokens in order instead of choosing (stop tokens do not end
+    # it early); each step reports what the model gives them, exactly as if it had chosen them.
+    forced_tokens: tuple[int, ...] = ()
+    details: bool = False  # also the chosen token's rank and the distribution's entropy
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,8 @@ class TokenIdLogprob:
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+    rank: int | None = None  # 1 = the most likely token (with ``details``)
+    entropy: float | None = None  # of the full next-token distribution, nats (with ``details``)
 
 
 @dataclass(frozen=True)
@@ -104,3 +110,19 @@ class Tokenizer(Protocol):
     def apply_chat_template(self, conversation: Any, *args: Any, **kwargs: Any) -> Any: ...
 
     def get_vocab(self) -> dict[str, int]: ...
+
+
+@runtime_checkable
+class ScoringSource(TokenSource, Protocol):
+    """A token source that can also score given tokens in prefill runs (the ONNX generator)."""
+
+    def score(
+        self,
+        token_ids: Sequence[int],
+        *,
+        start: int = 1,
+        top_logprobs: int = 0,
+        stats: GenerationStats | None = None,
+    ) -> AsyncIterator[Step]:
+        """Logprobs of ``token_ids[start:]``, each given the tokens before it."""
+        ...

@@ -10,6 +10,10 @@ snapshot when it has one, from the event type otherwise.
 
 from __future__ import annotations
 
+# Response.metadata key of nbresponses' scorings (``Engine.score``): "1" when every output token
+# was given (teacher-forced) rather than generated. Frames show it as the ``given`` column.
+GIVEN_METADATA = "nbresponses.given"
+
 STARTED = ("response.created", "response.queued")  # the first snapshots of a response
 IN_PROGRESS = "response.in_progress"
 NON_TERMINAL = (*STARTED, IN_PROGRESS)

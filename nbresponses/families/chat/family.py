@@ -57,6 +57,17 @@ class ChatFamily:
                 "reasoning.effort", "this model's chat template has no reasoning switch."
             )
 
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(
+            list(token_ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
+
+    def token_logprob(self, logprob: TokenIdLogprob) -> TokenLogprob:
+        return protocol_logprob(logprob, self._bytes)
+
     def render(self, req: CreateRequest, history: Sequence[Any]) -> RenderedPrompt:
         tools = [tool_schema(t.name, t.description, t.parameters) for t in req.tools]
         prompt = render(

@@ -31,7 +31,7 @@ from nbresponses.families.harmony import (
 from nbresponses.families.harmony.token_bytes import HarmonyTokenBytes
 from nbresponses.families.text import protocol_logprob
 from nbresponses.protocol.errors import bad_request, unsupported
-from nbresponses.protocol.events import EventBuilder, ItemStatus
+from nbresponses.protocol.events import EventBuilder, ItemStatus, TokenLogprob
 from nbresponses.protocol.ids import new_id
 from nbresponses.protocol.request import CreateRequest
 from nbresponses.tokens.contract import TokenIdLogprob
@@ -80,6 +80,15 @@ class HarmonyFamily:
                     "none: family=HarmonyFamily(browser=MyBackend()).",
                     param=f"tools[{i}]",
                 )
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.encoding.encode(text, allowed_special="all"))
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.encoding.decode(list(token_ids))
+
+    def token_logprob(self, logprob: TokenIdLogprob) -> TokenLogprob:
+        return protocol_logprob(logprob, self._bytes)
 
     def render(self, req: CreateRequest, history: Sequence[Any]) -> RenderedPrompt:
         tools_on = req.tool_mode != "none"

@@ -1,0 +1,111 @@
+"""Frames over scorings: option likelihoods, and two scorings of one text compared per token.
+
+Both read logprobs the way ``logprobs_frame`` does, so they take scorings (``Engine.score``)
+and generated Responses alike, from this engine or any other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .logprobs import logprobs_frame, top_logprobs_frame
+
+__all__ = ["compare", "option_likelihoods"]
+
+
+def option_likelihoods(scorings: Sequence[Any], options: Sequence[str]) -> pd.DataFrame:
+    """One row per option: tokens, summed and mean logprob, and the probability of each option
+    among them (``prob``: softmax of the summed logprobs; ``prob_mean``: of the means, which
+    does not favour short options). ``scorings[i]`` scores ``options[i]`` as a continuation of
+    the same prompt."""
+    if len(scorings) != len(options):
+        raise ValueError(f"{len(scorings)} scorings for {len(options)} options")
+    rows = []
+    for option, scoring in zip(options, scorings, strict=True):
+        frame = logprobs_frame(scoring)
+        total = float(frame["logprob"].sum())
+        rows.append(
+            {
+                "option": option,
+                "tokens": len(frame),
+                "logprob": total,
+                "mean_logprob": total / len(frame) if len(frame) else float("nan"),
+            }
+        )
+    out = pd.DataFrame(rows).set_index("option")
+    for column, source in (("prob", "logprob"), ("prob_mean", "mean_logprob")):
+        values = out[source].to_numpy(dtype=np.float64)
+        weights = np.exp(values - np.nanmax(values))
+        out[column] = weights / weights.sum()
+    return out
+
+
+def compare(a: Any, b: Any, *, names: tuple[str, str] = ("a", "b")) -> pd.DataFrame:
+    """Two scorings (or generations) of the same tokens side by side, one row per token.
+
+    Columns: ``token``, ``logprob_a`` / ``logprob_b`` and ``dlogprob`` (b - a), ``rank_a`` /
+    ``rank_b``, ``argmax_agree`` (both put the same token first), and ``topk_kl``: KL(a || b)
+    over the alternatives both returned, each renormalised over them (NaN without shared
+    alternatives; ask for ``top_logprobs`` to get them). Raises ValueError when the token
+    sequences differ (they must be scorings of one text with one tokenizer).
+    """
+    fa, fb = logprobs_frame(a), logprobs_frame(b)
+    tokens_a, tokens_b = fa["token"].astype(str).to_numpy(), fb["token"].astype(str).to_numpy()
+    if len(fa) != len(fb) or not (tokens_a == tokens_b).all():
+        where = next(
+            (i for i, (x, y) in enumerate(zip(fa["token"], fb["token"], strict=False)) if x != y),
+            min(len(fa), len(fb)),
+        )
+        raise ValueError(
+            f"the two token sequences differ at token {where} ({len(fa)} vs {len(fb)} tokens): "
+            "compare scorings of the same text"
+        )
+    x, y = names
+    out = pd.DataFrame(
+        {
+            "token": fa["token"].astype(str).to_numpy(),
+            "text": fa["text"].to_numpy(),
+            f"logprob_{x}": fa["logprob"].to_numpy(),
+            f"logprob_{y}": fb["logprob"].to_numpy(),
+        }
+    )
+    out["dlogprob"] = out[f"logprob_{y}"] - out[f"logprob_{x}"]
+    out[f"rank_{x}"] = fa["rank"].to_numpy()
+    out[f"rank_{y}"] = fb["rank"].to_numpy()
+    ta, tb = _top_by_token(a, len(fa)), _top_by_token(b, len(fb))
+    out["argmax_agree"] = [
+        bool(p) and bool(q) and max(p, key=lambda t: p[t]) == max(q, key=lambda t: q[t])
+        for p, q in zip(ta, tb, strict=True)
+    ]
+    out["topk_kl"] = [_overlap_kl(p, q) for p, q in zip(ta, tb, strict=True)]
+    return out
+
+
+def _top_by_token(obj: Any, n: int) -> list[dict[str, float]]:
+    """Per token (in frame order), its alternatives: token -> logprob."""
+    top = top_logprobs_frame(obj)
+    tops: list[dict[str, float]] = [{} for _ in range(n)]
+    if top.empty:
+        return tops
+    keys = ["response_id", "output_index", "content_index", "position"]
+    order = {k: i for i, k in enumerate(logprobs_frame(obj)[keys].itertuples(index=False))}
+    for row in top.itertuples(index=False):
+        index = order.get((row.response_id, row.output_index, row.content_index, row.position))
+        if index is not None:
+            tops[index][str(row.token)] = float(row.logprob)
+    return tops
+
+
+def _overlap_kl(p: dict[str, float], q: dict[str, float]) -> float:
+    shared = [t for t in p if t in q]
+    if not shared:
+        return float("nan")
+    lp = np.array([p[t] for t in shared])
+    lq = np.array([q[t] for t in shared])
+    lp = lp - np.logaddexp.reduce(lp)
+    lq = lq - np.logaddexp.reduce(lq)
+    return float(np.sum(np.exp(lp) * (lp - lq)))

@@ -1,0 +1,167 @@
+"""Logprobs of given text: scorings reproduce generations, agree across methods, window long
+texts, and read as Responses in every frame."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from helpers.engine import PROMPTS, chat_ids
+from helpers.server import eventually
+
+import nbresponses as nbr
+from nbresponses.engine import Engine
+from nbresponses.runtime.generator import TokenGenerator
+from nbresponses.service.scoring import Scorer, Scoring
+from nbresponses.tokens.contract import SamplingParams
+from nbresponses.tokens.scripted import ScriptedTokenSource
+
+LOGPROBS = {"include": ["message.output_text.logprobs"], "top_logprobs": 3}
+
+
+@pytest.fixture(scope="module")
+def tiny_fused_fp32(tiny_source, cache_dir):
+    from nbresponses.models.prepare import prepare_model
+
+    return prepare_model(tiny_source, "fused-fp32", cache_dir=cache_dir, progress=False)
+
+
+@pytest.fixture
+async def engine(tiny_fused_fp32, tokenizer):
+    eng = Engine(TokenGenerator(tiny_fused_fp32, tokenizer=tokenizer))
+    yield eng
+    await eng.aclose()
+
+
+def _entries(response):
+    part = response.output[0].content[0]
+    return [
+        (lp.token, lp.logprob, [(t.token, t.logprob) for t in lp.top_logprobs])
+        for lp in part.logprobs
+    ]
+
+
+async def test_forcing_a_generation_reproduces_its_logprobs_bit_for_bit(engine, tokenizer):
+    prompt = chat_ids(tokenizer, PROMPTS[0])
+    params = SamplingParams(max_tokens=16, temperature=0, logprobs=True, top_logprobs=3)
+    steps = [s async for s in engine.generator.generate(prompt, params)]
+    generated = [t for s in steps for t in s.token_ids if t not in engine.generator.eos_token_ids]
+    streamed = [lp for s in steps for lp in s.logprobs][: len(generated)]
+    scorer = Scorer(engine.generator, engine.client().family, model=engine.model)
+    scoring = await scorer.score_tokens(Scoring(prompt, generated), top_logprobs=3)
+    got = scoring.output[0].content[0].logprobs
+    assert [lp.logprob for lp in got] == [lp.logprob for lp in streamed]
+    assert [[t.logprob for t in lp.top_logprobs] for lp in got] == [
+        [v for _, v in lp.top] for lp in streamed
+    ]
+    # the extra details: the exact rank (1 for greedy tokens) and the entropy
+    assert all(lp.rank == 1 and lp.entropy > 0 for lp in got)
+
+
+async def test_scoring_an_answer_through_the_api_equals_its_stream(engine):
+    answer = await engine.client().responses.create(
+        input="Say hello.", temperature=0, max_output_tokens=10, **LOGPROBS
+    )
+    scored = await engine.score("Say hello.", answer.output_text, chat=True, top_logprobs=3)
+    got, want = nbr.logprobs_frame(scored), nbr.logprobs_frame(answer)
+    if list(got.token.astype(str)) == list(want.token.astype(str)):  # the text re-tokenizes alike
+        assert list(got.logprob) == list(want.logprob)
+    assert got.given.all() and not want.given.any()
+    assert got.entropy.notna().all() and want.entropy.isna().all()
+    assert scored.metadata["nbresponses.method"] == "decode"
+
+
+async def test_prefill_and_decode_agree_on_fp32_and_are_each_repeatable(engine):
+    text = "The sea was calm. " * 12
+    decode = await engine.score(text, top_logprobs=2)
+    prefill = await engine.score(text, top_logprobs=2, method="prefill")
+    again = await engine.score(text, top_logprobs=2, method="prefill")
+    a, b = nbr.logprobs_frame(decode), nbr.logprobs_frame(prefill)
+    assert list(a.token.astype(str)) == list(b.token.astype(str))
+    # fp32 rounding only (this tiny model's logits are large: relative 1e-5)
+    np.testing.assert_allclose(a.logprob, b.logprob, rtol=1e-5, atol=1e-5)
+    assert _entries(prefill) == _entries(again)
+    diff = nbr.compare(decode, prefill, names=("decode", "prefill"))
+    relative = diff["dlogprob"].abs() / diff["logprob_decode"].abs().clip(lower=1)
+    assert len(diff) == len(a) and relative.max() < 1e-5
+    assert diff["argmax_agree"].mean() > 0.9 and (diff["topk_kl"].dropna() < 1e-3).all()
+
+
+async def test_long_text_is_scored_in_windows(engine):
+    scorer = Scorer(engine.generator, engine.client().family, model=engine.model)
+    context = engine.generator.context_length
+    tokens = [int(t) for t in np.random.default_rng(0).integers(100, 4000, size=context + 300)]
+    job = Scoring([int(engine.generator.eos_token_ids[0])], tokens)
+    windows = list(scorer._windows(job))
+    assert sum(len(g) for _, g in windows) == len(tokens)
+    assert all(len(p) + len(g) < context for p, g in windows)
+    assert all(len(p) == (context - 1) // 2 for p, _ in windows[1:])  # half a context before
+    scoring = await scorer.score_tokens(job, method="prefill")
+    assert len(scoring.output[0].content[0].logprobs) == len(tokens)
+    # a later window's tokens score as that window alone does
+    prompt, given = windows[1]
+    alone = await scorer.score_tokens(Scoring(prompt, given), method="prefill")
+    first = len(windows[0][1])
+    assert [lp.logprob for lp in scoring.output[0].content[0].logprobs[first:][: len(given)]] == [
+        lp.logprob for lp in alone.output[0].content[0].logprobs
+    ]
+
+
+async def test_choose_ranks_options_and_shares_the_prompt(engine):
+    frame = await engine.choose("Pick a colour: red or blue?", ["red", "blue", "green"], chat=True)
+    assert list(frame.index) == ["red", "blue", "green"]
+    assert frame["prob"].sum() == pytest.approx(1.0) and frame["prob_mean"].sum() == pytest.approx(
+        1
+    )
+    assert (frame["tokens"] >= 1).all()
+    best = frame["logprob"].idxmax()
+    assert frame.loc[best, "prob"] == frame["prob"].max()
+
+
+async def test_score_many_keeps_order_and_stops_cleanly(engine):
+    texts = ["one two three", "four five", ("Question: 2+2=", " 4"), "six"]
+    scorings = [s async for s in engine.score_many(texts, progress=False, concurrency=2)]
+    alone = [
+        await engine.score(*t) if isinstance(t, tuple) else await engine.score(t) for t in texts
+    ]
+    assert [_entries(s) for s in scorings] == [_entries(s) for s in alone]
+    frame = nbr.logprobs_frame(scorings)
+    assert frame.response_id.nunique() == len(texts) and frame.given.all()
+    stream = engine.score_many(["a b c d e f g"] * 20, progress=False, concurrency=4)
+    async for _ in stream:
+        break
+    await stream.aclose()  # the unread ones are cancelled, nothing hangs
+    await eventually(lambda: engine.generator.running == 0 and engine.generator.waiting == 0)
+
+
+async def test_bad_requests_say_what_to_do(engine, tokenizer):
+    with pytest.raises(ValueError, match="method"):
+        await engine.score("x", method="fast")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="chat=True"):
+        await engine.score([{"role": "user", "content": "hi"}], chat=False)
+    with pytest.raises(ValueError, match="assistant turn"):
+        await engine.score([{"role": "user", "content": "hi"}])
+    scripted = Scorer(ScriptedTokenSource([[1]]), engine.client().family, model="m")
+    with pytest.raises(ValueError, match="method='decode'"):
+        await scripted.score("some text", method="prefill")
+    with pytest.raises(ValueError, match="forced tokens"):
+        SamplingParams(max_tokens=3, forced_tokens=(1, 2))
+        from nbresponses.runtime import sampling
+
+        sampling.validate(SamplingParams(max_tokens=3, forced_tokens=(1, 2)))
+
+
+def test_option_likelihoods_maths() -> None:
+    from helpers.frames import logprob, message, response
+
+    scorings = [
+        response(message([[logprob("a", math.log(0.5)), logprob("b", math.log(0.5))], None])),
+        response(message([[logprob("c", math.log(0.2))], None])),
+    ]
+    frame = nbr.option_likelihoods(scorings, ["ab", "c"])
+    assert frame.loc["ab", "logprob"] == pytest.approx(math.log(0.25))
+    assert frame.loc["c", "mean_logprob"] == pytest.approx(math.log(0.2))
+    assert frame.loc["ab", "prob"] == pytest.approx(0.25 / 0.45)
+    assert isinstance(frame, pd.DataFrame)
