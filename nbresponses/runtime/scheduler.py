@@ -243,7 +243,7 @@ class Scheduler:
         stats = request.stats
         stats.timings["queued_s"] = start - request.submitted_at
         prompt = request.prompt
-        cached, past = self.prefix_cache.lookup(prompt)
+        cached, past = even_start(prompt, *self.prefix_cache.lookup(prompt))
         stats.prompt_tokens, stats.cached_tokens = len(prompt), cached
         computed = self._extend(prompt, cached, past, PREFILL_CHUNK)
         assert computed is not None
@@ -262,9 +262,8 @@ class Scheduler:
         params = request.params
         request.stats.prompt_tokens = start
         try:
-            cached, past = self.prefix_cache.lookup(tokens[:start])
+            cached, past = even_start(tokens, *self.prefix_cache.lookup(tokens[:start]))
             request.stats.cached_tokens = cached
-            cached, past = even_start(tokens, cached, past)
             values: list[Any] = (
                 self.runner.layout.empty() if past is None else [a[None] for a in past]
             )

