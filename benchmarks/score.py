@@ -1,7 +1,7 @@
 """Tokens scored per second: the engine's scorings against llama.cpp and PyTorch, in one run.
 
-The corpus is the built-in fidelity set's written answers (``models/fidelity_set.py``), joined
-into documents of about 400-800 tokens (~3,000 tokens in all), scored as plain text: the
+The corpus is the built-in fidelity set's conversations (``models/fidelity_set.py``), joined
+into 8 documents of about 300 tokens (~2,500 tokens in all), scored as plain text: the
 logprob of every token given the ones before it. Systems, round-robin, medians of
 ``--rounds``:
 
@@ -39,8 +39,12 @@ from nbresponses.runtime.generator import TokenGenerator
 
 
 def corpus(documents: int = 4) -> list[str]:
-    answers = [m["content"] for s in FIDELITY_SET for m in s.messages if m["role"] == "assistant"]
-    return ["\n\n".join(answers[i::documents]) for i in range(documents)]
+    """The set's turns (questions and answers) in ``documents`` documents, and again in
+    reverse order (other contexts, so other logprobs): ~2,500 tokens."""
+    turns = [m["content"] for s in FIDELITY_SET for m in s.messages]
+    forward = ["\n\n".join(turns[i::documents]) for i in range(documents)]
+    backward = ["\n\n".join(turns[::-1][i::documents]) for i in range(documents)]
+    return forward + backward
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:

@@ -129,6 +129,11 @@ async def test_score_many_keeps_order_and_stops_cleanly(engine):
     assert [_entries(s) for s in scorings] == [_entries(s) for s in alone]
     frame = nbr.logprobs_frame(scorings)
     assert frame.response_id.nunique() == len(texts) and frame.given.all()
+    documents = await engine.score_frame(texts, progress=False)
+    assert (
+        documents.document.tolist() == sorted(documents.document) and documents.document.max() == 3
+    )
+    assert documents.logprob.tolist() == frame.logprob.tolist()
     stream = engine.score_many(["a b c d e f g"] * 20, progress=False, concurrency=4)
     async for _ in stream:
         break
