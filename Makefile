@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint browser-deps js-deps
+.PHONY: install demo test test-fast lint browser-deps sandbox-deps js-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,15 +28,22 @@ browser-deps:
 	  (apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null) \
 	  || echo "warning: could not install chromium; browser tests will be skipped"; }
 
+# Debian's bubblewrap: the python tool's sandbox refuses to run model code without it (or an
+# explicit isolation="none"); its escape tests need it.
+sandbox-deps:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null) \
+	  || echo "warning: could not install bubblewrap; sandbox tests will be skipped"; }
+
 # The widget's front-end toolchain (pinned in js/package-lock.json): the bundle-is-current test
 # rebuilds js/ and compares it with the committed nbresponses/view/static/.
 js-deps:
 	npm ci --prefix js --no-audit --no-fund --loglevel=error
 
-test: install browser-deps js-deps
+test: install browser-deps sandbox-deps js-deps
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
 
-test-fast: install
+test-fast: install sandbox-deps
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -m "not integration and not browser and not slow"
 
 lint: install

@@ -84,7 +84,6 @@ class BuiltinTool(ABC):
     # the ``include`` value a request must list to get the answer's fields on the item (the
     # model still sees them in later turns); None: always on the item
     answer_include: ClassVar[str | None] = None
-    needs: ClassVar[str | None] = None  # a setting without which a request cannot enable it
 
     # -- what the classes know --------------------------------------------------------------
 
@@ -102,6 +101,11 @@ class BuiltinTool(ABC):
             if key != "type" and key not in cls.options and value is not None:
                 raise ToolOptionError(key)
         return dict(tool)
+
+    @classmethod
+    def unavailable(cls, **settings: Any) -> str | None:
+        """Why a request cannot enable this tool with these settings (None: it can)."""
+        return None
 
     @classmethod
     def address(cls, function: str) -> str:

@@ -103,11 +103,19 @@ class BrowserTool(BuiltinTool):
     item_type = "web_search_call"
     item_class = ResponseFunctionWebSearch
     id_prefix = "ws"
-    needs = "backend"  # nothing browses by default: a user gives a BrowserBackend
 
     def __init__(self, backend: BrowserBackend | None) -> None:
         self.backend = backend
         self.current_url: str | None = None
+
+    @classmethod
+    def unavailable(cls, **settings: Any) -> str | None:
+        if settings.get("backend") is None:  # nothing browses by default
+            return (
+                "web_search needs a browser backend, and this client has none: "
+                "family=HarmonyFamily(browser=MyBackend())."
+            )
+        return None
 
     @classmethod
     def for_response(cls, request_tool: Any | None, **settings: Any) -> BrowserTool:

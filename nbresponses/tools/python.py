@@ -13,6 +13,7 @@ from typing import Any
 from openai.types.responses import ResponseCodeInterpreterToolCall
 from openai_harmony import Message, Role, ToolNamespaceConfig
 
+from nbresponses.tools import python_sandbox
 from nbresponses.tools.base import (
     BuiltinTool,
     ToolAnswer,
@@ -20,7 +21,12 @@ from nbresponses.tools.base import (
     ToolOptionError,
     tool_message,
 )
-from nbresponses.tools.python_sandbox import PythonSandbox
+from nbresponses.tools.python_sandbox import (
+    DEFAULT_MEMORY,
+    Isolation,
+    PythonSandbox,
+    SandboxUnavailable,
+)
 
 DEFAULT_TIMEOUT = 120.0  # seconds per call
 MEMORY_LIMITS = {"1g": 2**30, "4g": 4 * 2**30, "16g": 16 * 2**30, "64g": 64 * 2**30}
@@ -62,12 +68,26 @@ class PythonTool(BuiltinTool):
         timeout: float = DEFAULT_TIMEOUT,
         memory_limit: str | None = None,
         container_id: str = "",
+        isolation: Isolation = "bwrap",
     ) -> None:
         self.enabled = enabled
         self.timeout = timeout
         self.container_id = container_id
-        self._memory = MEMORY_LIMITS.get(memory_limit or "")
+        self.isolation: Isolation = isolation
+        self._memory = MEMORY_LIMITS.get(memory_limit or "", DEFAULT_MEMORY)
         self._sandbox: PythonSandbox | None = None
+
+    @classmethod
+    def unavailable(cls, **settings: Any) -> str | None:
+        if settings.get("isolation", "bwrap") == "bwrap":
+            problem = python_sandbox.bwrap_problem()
+            if problem is not None:
+                return (
+                    f"code_interpreter runs model code in a sandbox, and {problem}. Install "
+                    "bubblewrap, or opt out: family=HarmonyFamily(python_isolation='none') "
+                    "(the code can then read what this user can)."
+                )
+        return None
 
     @classmethod
     def for_response(cls, request_tool: Any | None, **settings: Any) -> PythonTool:
@@ -77,6 +97,7 @@ class PythonTool(BuiltinTool):
             timeout=settings.get("timeout", DEFAULT_TIMEOUT),
             memory_limit=getattr(container, "memory_limit", None),
             container_id=settings.get("container_id", ""),
+            isolation=settings.get("isolation", "bwrap"),
         )
 
     @classmethod
@@ -117,8 +138,13 @@ class PythonTool(BuiltinTool):
         if not self.enabled:
             return ToolAnswer(NOT_ENABLED, ok=False)
         if self._sandbox is None:
-            self._sandbox = PythonSandbox(timeout=self.timeout, max_memory=self._memory)
-        result = await self._sandbox.run(call.text)
+            self._sandbox = PythonSandbox(
+                timeout=self.timeout, max_memory=self._memory, isolation=self.isolation
+            )
+        try:
+            result = await self._sandbox.run(call.text)
+        except SandboxUnavailable as exc:
+            return ToolAnswer(f"Error: {exc}", ok=False)
         return ToolAnswer(result.text, item={"outputs": result.outputs()})
 
     async def aclose(self) -> None:

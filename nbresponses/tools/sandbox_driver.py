@@ -4,8 +4,11 @@ Protocol: one JSON request per line on stdin ``{"code": ..., "nonce": ...}``; th
 a namespace that persists across requests (like notebook cells; the value of a trailing
 expression is printed). When it is done the driver writes ``\\x1e<nonce>\\x1e<json>\\n`` on
 stdout and ``\\x1e<nonce>\\x1e\\n`` on stderr, so the parent knows where each run's output ends.
-Tracebacks go to stderr. SIGINT interrupts the running code (the parent's time limit) and is
-ignored between runs.
+Tracebacks go to stderr. A ``{"interrupt": true}`` line interrupts the running code (the
+parent's time limit; KeyboardInterrupt in the main thread) and is ignored between runs; it comes
+on stdin rather than as a signal from the parent because, inside bubblewrap, the parent's child
+is bwrap, not this process. A reader thread takes the lines so an interrupt gets through while
+a cell runs.
 """
 
 import ast
@@ -14,9 +17,11 @@ import errno
 import json
 import linecache
 import os
+import queue
 import signal
 import socket
 import sys
+import threading
 import traceback
 
 MAX_ERROR = 4000
@@ -45,12 +50,23 @@ def _guard_network():
     socket.getaddrinfo = _no_network
 
 
-def _limit_memory():
-    limit = os.environ.pop("NBR_SANDBOX_MAX_MEMORY", "")
-    if limit:
-        import resource
+def _become_nobody():
+    """Under a root kernel the sandbox starts as root (without a user namespace; see
+    ``python_sandbox._bwrap_command``): become the user it names before any code runs."""
+    uid = int(os.environ.pop("NBR_SANDBOX_USER", "-1"))
+    if uid >= 0:
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)  # all capabilities go with root's uid
 
-        resource.setrlimit(resource.RLIMIT_AS, (int(limit), int(limit)))
+
+def _set_limits():
+    """The parent's rlimits (soft = hard: the code cannot raise them again)."""
+    import resource
+
+    for name, value in json.loads(os.environ.pop("NBR_SANDBOX_LIMITS", "{}")).items():
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(getattr(resource, name), (int(value), int(value)))
 
 
 _running = False
@@ -91,18 +107,37 @@ def _run(code, namespace, cell):
         _running = False
 
 
+def _read_requests(lines, requests, main_thread):
+    """Queue each request; an interrupt goes straight to the main thread as SIGINT."""
+    for line in lines:
+        request = json.loads(line)
+        if request.get("interrupt"):
+            if _running:
+                signal.pthread_kill(main_thread, signal.SIGINT)
+        else:
+            requests.put(request)
+    requests.put(None)
+
+
 def main():
-    requests = os.fdopen(os.dup(0), "rb")
+    lines = os.fdopen(os.dup(0), "rb")
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)  # the code cannot read (or steal) the protocol
     sys.stdin = open(os.devnull)  # noqa: SIM115
     out, err = sys.stdout, sys.stderr
     signal.signal(signal.SIGINT, _on_sigint)
-    _limit_memory()
+    _become_nobody()
+    _set_limits()
     _guard_network()
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
-    for cell, line in enumerate(requests, 1):
-        request = json.loads(line)
+    requests = queue.SimpleQueue()
+    reader = threading.Thread(
+        target=_read_requests, args=(lines, requests, threading.get_ident()), daemon=True
+    )
+    reader.start()
+    cell = 0
+    while (request := requests.get()) is not None:
+        cell += 1
         error = _run(request["code"], namespace, cell)
         sys.stdout, sys.stderr = out, err
         for stream in (out, err):

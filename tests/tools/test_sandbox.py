@@ -1,4 +1,7 @@
-"""The python sandbox: separate process, state, time limit, output cap, no network."""
+"""The python sandbox: separate process, state, time limit, output cap, no network.
+
+The default isolation (bubblewrap) runs these; ``test_sandbox_escapes.py`` attacks it.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +10,14 @@ import os
 import time
 
 import pytest
+from helpers.sandbox import needs_bwrap
 from openai.types.responses.response_code_interpreter_tool_call import OutputLogs
 
-from nbresponses.tools import PythonSandbox
+from nbresponses.tools import PythonSandbox, PythonTool, python_sandbox
+from nbresponses.tools.python_sandbox import SandboxUnavailable
 
 SECRET_IN_KERNEL = "kernel-only-value"
+pytestmark = needs_bwrap
 
 
 async def test_state_persists_and_trailing_expressions_print() -> None:
@@ -96,8 +102,12 @@ async def test_errors_and_stderr_are_reported_without_driver_frames() -> None:
         assert "sandbox_driver" not in result.stderr and '<cell 1>", line 3' in result.stderr
 
 
-@pytest.mark.parametrize("isolate", [True, False], ids=["namespace-if-possible", "guard-only"])
-async def test_socket_connect_to_localhost_fails(isolate: bool) -> None:
+@pytest.mark.parametrize(
+    ("isolation", "isolate"),
+    [("bwrap", True), ("none", True), ("none", False)],
+    ids=["bwrap", "none-namespace-if-possible", "none-guard-only"],
+)
+async def test_socket_connect_to_localhost_fails(isolation: str, isolate: bool) -> None:
     connections = 0
 
     async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -108,8 +118,10 @@ async def test_socket_connect_to_localhost_fails(isolate: bool) -> None:
     server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     try:
-        async with PythonSandbox(timeout=10, isolate_network=isolate) as sb:
-            assert isolate or sb.network == "python-guard"
+        sandbox = PythonSandbox(timeout=10, isolation=isolation, isolate_network=isolate)  # type: ignore[arg-type]
+        async with sandbox as sb:
+            assert sb.network == ("python-guard" if not isolate else sb.network)
+            assert isolation == "none" or sb.network == "namespace"
             code = f"import socket\ns = socket.socket()\ns.connect(('127.0.0.1', {port}))"
             result = await sb.run(code)
             assert result.error is not None and "Error" in result.error
@@ -119,7 +131,8 @@ async def test_socket_connect_to_localhost_fails(isolate: bool) -> None:
             assert (await sb.run(urllib_code)).error is not None
             if sb.network == "namespace":  # the guarantee holds below Python too
                 raw = f"import _socket\ns = _socket.socket()\ns.connect(('127.0.0.1', {port}))"
-                assert "unreachable" in ((await sb.run(raw)).error or "").lower()
+                error = ((await sb.run(raw)).error or "").lower()  # nothing listens in there
+                assert "unreachable" in error or "refused" in error
         await asyncio.sleep(0.1)
         assert connections == 0
     finally:
@@ -132,3 +145,23 @@ async def test_concurrent_runs_are_serialised() -> None:
         await sb.run("n = 0")
         await asyncio.gather(*(sb.run("n += 1") for _ in range(5)))
         assert (await sb.run("n")).stdout == "5\n"
+
+
+async def test_blocking_calls_are_interrupted_too() -> None:
+    """The interrupt reaches the code's thread even inside a C call (``time.sleep``)."""
+    async with PythonSandbox(timeout=1, grace=3) as sb:
+        started = time.perf_counter()
+        result = await sb.run("import time\ntime.sleep(100)")
+        assert result.timed_out and not result.restarted
+        assert "KeyboardInterrupt" in result.stderr and time.perf_counter() - started < 3
+
+
+async def test_missing_isolation_refuses_to_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(python_sandbox, "bwrap_problem", lambda: "bubblewrap is not installed")
+    with pytest.raises(SandboxUnavailable, match=r"bubblewrap is not installed.*isolation='none'"):
+        async with PythonSandbox(timeout=10):
+            pass
+    assert "python_isolation='none'" in (PythonTool.unavailable() or "")
+    assert PythonTool.unavailable(isolation="none") is None
+    async with PythonSandbox(timeout=10, isolation="none") as sb:  # the explicit opt-out
+        assert (await sb.run("1 + 1")).stdout == "2\n"

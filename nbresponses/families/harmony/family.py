@@ -38,6 +38,7 @@ from nbresponses.tokens.contract import TokenIdLogprob
 from nbresponses.tools import registry
 from nbresponses.tools.base import BuiltinTool, ToolCall, tool_message
 from nbresponses.tools.python import DEFAULT_TIMEOUT
+from nbresponses.tools.python_sandbox import Isolation
 
 
 class HarmonyFamily:
@@ -45,7 +46,9 @@ class HarmonyFamily:
 
     Its built-in tools' settings: ``browser`` (a ``BrowserBackend``: without one, a request
     enabling ``web_search`` is a 400), ``python_timeout`` (seconds per python call) and
-    ``max_tool_calls`` (built-in calls per response; a request may ask for fewer).
+    ``max_tool_calls`` (built-in calls per response; a request may ask for fewer) and
+    ``python_isolation`` ("bwrap", the default: the sandbox's own namespaces; "none" opts out,
+    see ``tools/python_sandbox.py``).
     """
 
     name = "harmony"
@@ -56,11 +59,16 @@ class HarmonyFamily:
         *,
         browser: Any = None,
         python_timeout: float = DEFAULT_TIMEOUT,
+        python_isolation: Isolation = "bwrap",
         max_tool_calls: int = 16,
         eos_token_ids: Iterable[int] = (),
     ) -> None:
         self.encoding = encoding if encoding is not None else harmony_encoding()
-        self.settings: dict[str, Any] = {"backend": browser, "timeout": python_timeout}
+        self.settings: dict[str, Any] = {
+            "backend": browser,
+            "timeout": python_timeout,
+            "isolation": python_isolation,
+        }
         self.max_tool_calls = max_tool_calls
         self._bytes = HarmonyTokenBytes(self.encoding)
         self._stops = tuple(self.encoding.stop_tokens_for_assistant_actions())
@@ -74,12 +82,9 @@ class HarmonyFamily:
             )
         for i, tool in enumerate(req.all_tools):
             builtin = registry.for_request_type(tool.type)
-            if builtin is not None and builtin.needs and self.settings.get(builtin.needs) is None:
-                raise bad_request(
-                    f"'tools[{i}]': web_search needs a browser backend, and this client has "
-                    "none: family=HarmonyFamily(browser=MyBackend()).",
-                    param=f"tools[{i}]",
-                )
+            problem = builtin.unavailable(**self.settings) if builtin is not None else None
+            if problem is not None:
+                raise bad_request(f"'tools[{i}]': {problem}", param=f"tools[{i}]")
 
     def encode(self, text: str) -> list[int]:
         return list(self.encoding.encode(text, allowed_special="all"))
