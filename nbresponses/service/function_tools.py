@@ -4,15 +4,29 @@
 the JSON schema of the parameters (from the signature's annotations and defaults, through
 pydantic; per-parameter descriptions from Google ``Args:`` or Sphinx ``:param x:`` docstrings).
 
-``run_tools`` creates a response, executes the function calls in its output (sync functions
-are called directly in the event loop, coroutine functions awaited), feeds
+``run_tools`` creates a response, executes the function calls in its output, feeds
 ``function_call_output`` items back and repeats until a response makes no call, at most
-``max_turns`` responses. A tool that raises, an unknown tool, or arguments that are not valid
-JSON / do not validate give the model the error text instead of crashing the loop.
+``max_turns`` responses. A tool that raises, an unknown tool, arguments that are not valid
+JSON / do not validate, or a call over its time limit give the model the error text instead of
+crashing the loop.
+
+How calls run, so that no tool can stall the notebook or the engine:
+
+* the calls of one response run concurrently, their outputs in the order of the calls;
+* a coroutine function is awaited; a plain function runs in a worker thread
+  (``asyncio.to_thread``), so a blocking one (``time.sleep``, a slow HTTP client) leaves the
+  event loop, other streams and the decode loop's hand-off running;
+* every call has a time limit, ``timeout`` seconds (``function_tool(f, timeout=...)``; the
+  default ``DEFAULT_TOOL_TIMEOUT`` is 60 s; None: no limit): over it, the model reads a timeout
+  error. A coroutine is cancelled; a thread cannot be stopped in Python, so a plain function
+  that hangs keeps its worker thread until it returns (its result is then dropped);
+* cancelling the task that runs the loop cancels the calls in flight (coroutines get
+  ``CancelledError``) and the response being made.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import re
@@ -22,6 +36,12 @@ from typing import Any, get_type_hints
 
 import pydantic
 from openai.types.responses import Response, ResponseFunctionToolCall
+
+DEFAULT_TOOL_TIMEOUT = 60.0  # seconds per function call
+
+
+class ToolTimeout(Exception):
+    """A function call ran over its time limit."""
 
 
 @dataclass(frozen=True)
@@ -33,6 +53,7 @@ class FunctionToolSpec:
     parameters: dict[str, Any]
     fn: Callable[..., Any]
     model: type[pydantic.BaseModel]
+    timeout: float | None = DEFAULT_TOOL_TIMEOUT  # seconds per call; None: no limit
 
     @property
     def param(self) -> dict[str, Any]:
@@ -48,13 +69,20 @@ class FunctionToolSpec:
         return tool
 
     async def call(self, arguments: str) -> str:
-        """Validate the model's JSON arguments, call the function, return its output as text."""
+        """Validate the model's JSON arguments, call the function (a plain one in a worker
+        thread), return its output as text; ``ToolTimeout`` past ``timeout`` seconds."""
         values = self.model.model_validate_json(arguments or "{}")
         kwargs = {name: getattr(values, name) for name in type(values).model_fields}
-        result = self.fn(**kwargs)
-        if inspect.isawaitable(result):
-            result = await result
-        return _as_text(result)
+        try:
+            return _as_text(await asyncio.wait_for(self._invoke(kwargs), self.timeout))
+        except asyncio.TimeoutError:
+            raise ToolTimeout(f"{self.name!r} did not finish within {self.timeout:g} s") from None
+
+    async def _invoke(self, kwargs: dict[str, Any]) -> Any:
+        if inspect.iscoroutinefunction(self.fn):
+            return await self.fn(**kwargs)
+        result = await asyncio.to_thread(self.fn, **kwargs)
+        return await result if inspect.isawaitable(result) else result
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -65,10 +93,16 @@ def function_tool(
     *,
     name: str | None = None,
     description: str | None = None,
+    timeout: float | None = DEFAULT_TOOL_TIMEOUT,
 ) -> Any:
-    """Describe a Python function as a tool; usable as ``function_tool(f)`` or a decorator."""
+    """Describe a Python function as a tool; usable as ``function_tool(f)`` or a decorator.
+
+    ``timeout``: seconds a call may take before the model is told it timed out (None: none).
+    """
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
     if fn is None:
-        return lambda f: function_tool(f, name=name, description=description)
+        return lambda f: function_tool(f, name=name, description=description, timeout=timeout)
     summary, param_docs = _parse_docstring(inspect.getdoc(fn) or "")
     hints = get_type_hints(fn)
     fields: dict[str, Any] = {}
@@ -85,7 +119,7 @@ def function_tool(
     for prop in schema.get("properties", {}).values():
         prop.pop("title", None)
     schema.setdefault("required", [])
-    return FunctionToolSpec(tool_name, description or summary or None, schema, fn, model)
+    return FunctionToolSpec(tool_name, description or summary or None, schema, fn, model, timeout)
 
 
 def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
@@ -130,6 +164,8 @@ async def _output_for(call: ResponseFunctionToolCall, specs: Mapping[str, Functi
         return await spec.call(call.arguments)
     except pydantic.ValidationError as exc:
         return f"Error: invalid arguments for {call.name!r}: {exc}"
+    except ToolTimeout as exc:
+        return f"Error: the tool timed out: {exc}."
     except Exception as exc:
         return f"Error: {type(exc).__name__}: {exc}"
 
@@ -160,12 +196,14 @@ async def run_tools(
         if not calls:
             return response
         conversation += [item.model_dump(exclude_none=True) for item in response.output]
-        for call in calls:
+        # side by side; cancelling the loop cancels them all (gather, not TaskGroup: 3.10)
+        outputs = await asyncio.gather(*(_output_for(c, by_name) for c in calls))
+        for call, output in zip(calls, outputs, strict=True):
             conversation.append(
                 {
                     "type": "function_call_output",
                     "call_id": call.call_id,
-                    "output": await _output_for(call, by_name),
+                    "output": output,
                 }
             )
     assert response is not None
