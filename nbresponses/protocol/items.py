@@ -52,7 +52,31 @@ def normalize_input(value: Any) -> list[InputItem]:
         return [_message("user", value, None, "input")]
     if not isinstance(value, list | tuple):
         raise bad_request("'input' must be a string or a list of items.", param="input")
-    return [_item(_as_dict(v, f"input[{i}]"), f"input[{i}]") for i, v in enumerate(value)]
+    return [_checked_item(_as_dict(v, f"input[{i}]"), f"input[{i}]") for i, v in enumerate(value)]
+
+
+def _checked_item(item: dict[str, Any], where: str) -> InputItem:
+    """``_item``, with a field of the wrong type (an ``id`` that is a list...) as a 400."""
+    try:
+        return _item(item, where)
+    except pydantic.ValidationError as exc:
+        first = exc.errors()[0]
+        path = ".".join([where, *(str(part) for part in first["loc"])])
+        raise bad_request(f"Invalid '{path}': {first['msg']}.", param=path) from None
+
+
+def check_call_outputs(context: list[Any], items: list[InputItem]) -> None:
+    """Every ``function_call_output`` in ``input`` answers a ``function_call`` made before it,
+    in the earlier turns (``context``) or in ``input``; OpenAI answers a 400 otherwise."""
+    calls = {item.call_id for item in context if getattr(item, "type", None) == "function_call"}
+    for i, item in enumerate(items):
+        if isinstance(item, ResponseFunctionToolCallItem):
+            calls.add(item.call_id)
+        elif isinstance(item, ResponseFunctionToolCallOutputItem) and item.call_id not in calls:
+            raise bad_request(
+                f"No tool call found for function call output with call_id '{item.call_id}'.",
+                param=f"input[{i}].call_id",
+            )
 
 
 def _as_dict(value: Any, where: str) -> dict[str, Any]:
@@ -107,11 +131,11 @@ def _item(item: dict[str, Any], where: str) -> InputItem:
     if kind == "reasoning":
         content = [
             Content(type="reasoning_text", text=_required_str(c, "text", f"{where}.content[{j}]"))
-            for j, c in enumerate(item.get("content") or [])
+            for j, c in enumerate(_parts(item, "content", where))
         ]
         summary = [
             Summary(type="summary_text", text=_required_str(s, "text", f"{where}.summary[{j}]"))
-            for j, s in enumerate(item.get("summary") or [])
+            for j, s in enumerate(_parts(item, "summary", where))
         ]
         if item.get("encrypted_content"):
             raise bad_request(
@@ -139,6 +163,16 @@ def _item(item: dict[str, Any], where: str) -> InputItem:
         "items.",
         param=f"{where}.type",
     )
+
+
+def _parts(item: Mapping[str, Any], key: str, where: str) -> list[dict[str, Any]]:
+    """A list of objects (a reasoning item's ``content`` or ``summary``); absent: none."""
+    value = item.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list | tuple):
+        raise bad_request(f"'{where}.{key}' must be a list.", param=f"{where}.{key}")
+    return [_as_dict(part, f"{where}.{key}[{j}]") for j, part in enumerate(value)]
 
 
 def _text(content: Any, where: str) -> str:

@@ -33,6 +33,7 @@ INCLUDABLE = (
     *(t.answer_include for t in registry.BUILTIN_TOOLS if t.answer_include),
 )
 TOOL = TypeAdapter(Tool)
+MAX_DEPTH = 100  # levels of nesting in any parameter (a JSON schema needs far fewer)
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
 # Accepted because they are labels echoed on the Response, with no behaviour to honour.
@@ -91,6 +92,7 @@ def parse_create(kwargs: Mapping[str, Any], *, model: str) -> CreateRequest:
             raise bad_request("'extra_body' must be a mapping.", param="extra_body")
         params.update(extra)
     params = {k: v for k, v in params.items() if given(v)}
+    check_values(params)
     for key in params:
         if key not in SDK_PARAMETERS and key != "verbosity":
             raise bad_request(f"Unknown parameter: '{key}'.", param=key, code="unknown_parameter")
@@ -133,6 +135,38 @@ def parse_create(kwargs: Mapping[str, Any], *, model: str) -> CreateRequest:
         raise unsupported("truncation", "only 'disabled' (an over-long prompt is an error).")
     req.echoed = {k: _opt_str(params, k) for k in ECHOED if k in params}  # type: ignore[misc]
     return req
+
+
+def check_values(params: Mapping[str, Any]) -> None:
+    """Walk every value (without recursion, so depth cannot overflow the stack): a 400 naming
+    the path of a string that is not valid Unicode (a lone surrogate such as ``"\\ud800"``,
+    which JSON allows and no tokenizer can encode), or of nesting deeper than ``MAX_DEPTH``."""
+    stack: list[tuple[str, Any, int]] = [(key, value, 1) for key, value in params.items()]
+    while stack:
+        path, value, depth = stack.pop()
+        if isinstance(value, str):
+            if not value.isascii():
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise bad_request(
+                        f"Invalid '{path}': the string holds a lone surrogate (invalid Unicode); "
+                        "send UTF-8 text.",
+                        param=path,
+                    ) from None
+            continue
+        if depth > MAX_DEPTH and isinstance(value, Mapping | list | tuple):
+            raise bad_request(
+                f"Invalid '{path.split('.')[0].split('[')[0]}': nested more than {MAX_DEPTH} "
+                "levels deep.",
+                param=path.split(".")[0].split("[")[0],
+            )
+        if isinstance(value, Mapping):
+            for key, item in value.items():
+                stack.append((f"{path}.{key}", key, depth + 1))  # keys are strings too
+                stack.append((f"{path}.{key}", item, depth + 1))
+        elif isinstance(value, list | tuple):
+            stack.extend((f"{path}[{i}]", item, depth + 1) for i, item in enumerate(value))
 
 
 def _opt_str(params: Mapping[str, Any], key: str) -> str | None:
@@ -212,7 +246,13 @@ def _tools(value: Any) -> list[Tool]:
         for key in tool:
             if key not in known and tool[key] is not None:
                 raise unsupported(f"tools[{i}].{key}")
-        tools.append(FunctionTool(**{k: tool[k] for k in known if k in tool}))
+        try:
+            tools.append(FunctionTool(**{k: tool[k] for k in known if k in tool}))
+        except ValidationError as exc:
+            where = f"tools[{i}].{'.'.join(map(str, exc.errors()[0]['loc']))}"
+            raise bad_request(
+                f"Invalid '{where}': {exc.errors()[0]['msg']}.", param=where
+            ) from None
     names = [t.name for t in tools if isinstance(t, FunctionTool)]
     if len(set(names)) != len(names):
         raise bad_request("Tool names must be unique.", param="tools")
@@ -291,8 +331,14 @@ def _text_config(value: Any) -> None:
     if value is None:
         return
     value = value.model_dump(exclude_none=True) if hasattr(value, "model_dump") else value
-    for key, v in dict(value).items():
-        if key == "format" and dict(v).get("type") == "text":
+    if not isinstance(value, Mapping):
+        raise bad_request("'text' must be an object such as {'format': {...}}.", param="text")
+    for key, v in value.items():
+        if key == "format" and not isinstance(v, Mapping):
+            raise bad_request(
+                "'text.format' must be an object such as {'type': 'text'}.", param="text.format"
+            )
+        if key == "format" and v.get("type") == "text":
             continue
         if v is not None:
             raise unsupported(
@@ -305,6 +351,17 @@ def _stream_options(value: Any, stream: bool) -> None:
         return
     if not stream:
         raise bad_request("'stream_options' needs stream=True.", param="stream_options")
-    for key in dict(value):
+    value = value.model_dump(exclude_none=True) if hasattr(value, "model_dump") else value
+    if not isinstance(value, Mapping):
+        raise bad_request(
+            "'stream_options' must be an object such as {'include_obfuscation': False}.",
+            param="stream_options",
+        )
+    for key, v in value.items():
         if key != "include_obfuscation":  # we never add obfuscation padding: nothing to turn off
             raise unsupported(f"stream_options.{key}")
+        if not isinstance(v, bool):
+            raise bad_request(
+                "'stream_options.include_obfuscation' must be a boolean.",
+                param="stream_options.include_obfuscation",
+            )

@@ -48,7 +48,13 @@ class HTTPError(Exception):
 
 
 def error_response(status: int, body: dict[str, Any]) -> JSONResponse:
-    return JSONResponse({"error": body}, status_code=status)
+    """The error as JSON; text that is not valid Unicode (a message quoting a lone surrogate
+    the request sent) is escaped, so that explaining a bad request cannot fail itself."""
+    clean = {
+        key: value.encode("utf-8", "backslashreplace").decode() if isinstance(value, str) else value
+        for key, value in body.items()
+    }
+    return JSONResponse({"error": clean}, status_code=status)
 
 
 def describe(exc: BaseException) -> tuple[int, dict[str, Any]]:

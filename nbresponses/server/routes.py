@@ -136,6 +136,10 @@ class ResponsesAPI:
             chunks.append(chunk)
         try:
             body = json.loads(b"".join(chunks))
+        except RecursionError:
+            raise HTTPError(
+                400, "The JSON body of your request is nested too deeply to be parsed."
+            ) from None
         except ValueError:
             raise HTTPError(
                 400,

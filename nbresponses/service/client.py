@@ -21,6 +21,7 @@ from nbresponses.families.base import Family
 from nbresponses.families.registry import FamilyName, select_family
 from nbresponses.protocol.errors import bad_request, response_not_found, unsupported
 from nbresponses.protocol.ids import new_id
+from nbresponses.protocol.items import check_call_outputs
 from nbresponses.protocol.request import CreateRequest, given, parse_create
 from nbresponses.service.run import Generation, ResponseRun
 from nbresponses.service.store import Record, ResponseStore
@@ -143,7 +144,13 @@ class AsyncResponses:
                     param="previous_response_id",
                 )
             context = parent.history()
+        check_call_outputs(context, req.input)
         history = [*context, *req.input]
+        if not history:
+            raise bad_request(
+                "'input' is empty: give a message (or items) for the model to answer.",
+                param="input",
+            )
         client.family.check(req, history)
         prompt = client.family.render(req, history)
         room = client.source.context_length - len(prompt.ids)
@@ -251,6 +258,13 @@ class AsyncResponses:
         after = starting_after if starting_after is not None and given(starting_after) else -1
         if after < -1:
             raise bad_request("'starting_after' must be -1 or more.", param="starting_after")
+        last = len(record.run.events) - 1
+        if after > last and record.run.done.is_set():  # (a running one may still get there)
+            raise bad_request(
+                f"'starting_after' is {after}, past the last event of this response "
+                f"(sequence number {last}).",
+                param="starting_after",
+            )
         return ResponseEventStream(record.run, after=after)
 
     async def cancel(self, response_id: str, **transport: Any) -> Response:

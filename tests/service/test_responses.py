@@ -203,6 +203,23 @@ async def test_tool_choice_modes(tokenizer):
         ),
         ({"background": True, "store": False}, "store", openai.BadRequestError),
         ({"previous_response_id": "resp_nope"}, "previous_response_id", openai.BadRequestError),
+        (
+            {"input": [{"type": "function_call_output", "call_id": "call_x", "output": "1"}]},
+            "input[0].call_id",
+            openai.BadRequestError,
+        ),
+        (
+            {
+                "input": [
+                    {"role": "user", "content": "hi"},
+                    {"type": "function_call", "call_id": "call_a", "name": "f", "arguments": "{}"},
+                    {"type": "function_call_output", "call_id": "call_a", "output": "1"},
+                    {"type": "function_call_output", "call_id": "call_b", "output": "2"},
+                ]
+            },
+            "input[3].call_id",
+            openai.BadRequestError,
+        ),
     ],
 )
 async def test_errors_are_openai_exceptions(tokenizer, kwargs, param, cls):
@@ -352,6 +369,20 @@ async def test_background_replay_after_n_then_live(tokenizer):
     assert fold(everything).output_text == "one two three four five six seven"
     done = await client.responses.retrieve(queued.id)
     assert done.status == "completed"
+
+
+async def test_replay_past_the_end_is_an_error(tokenizer):
+    client, _ = client_for(tokenizer, "one two")
+    done = await client.responses.create(input="x", background=True)
+    while (await client.responses.retrieve(done.id)).status != "completed":
+        await asyncio.sleep(0.01)
+    events = [e async for e in await client.responses.retrieve(done.id, stream=True)]
+    last = events[-1].sequence_number
+    tail = await client.responses.retrieve(done.id, stream=True, starting_after=last)
+    assert [e async for e in tail] == []  # nothing after the last one: fine
+    with pytest.raises(openai.BadRequestError) as err:
+        await client.responses.retrieve(done.id, stream=True, starting_after=last + 1)
+    assert err.value.param == "starting_after" and f"sequence number {last}" in err.value.message
 
 
 async def test_cancel_background_keeps_partial_output(tokenizer):
