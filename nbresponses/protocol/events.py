@@ -136,6 +136,8 @@ class EventBuilder:
             item=self._item.model_copy(deep=True),
         )
         self._item = None
+        self._text = ""
+        self._logprobs = []  # a stored response keeps only its items
 
     @property
     def current(self) -> Any:

@@ -14,8 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from openai.types.responses import Response, ResponseStreamEvent
 
@@ -44,9 +45,10 @@ class ResponseRun:
     def __init__(self, response: Response, source: TokenSource, generation: Generation) -> None:
         self.events: list[ResponseStreamEvent] = []
         self.builder = EventBuilder(response, self._append)
-        self.decoder = generation.decoder(self.builder)
+        self._decoder: Decoder | None = generation.decoder(self.builder)
+        self._replay: Mapping[str, Any] = {}
         self._source = source
-        self._gen = generation
+        self._gen: Generation | None = generation  # dropped when the run ends (see _release)
         self._changed = asyncio.Event()
         self.done = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
@@ -58,6 +60,24 @@ class ResponseRun:
     @property
     def id(self) -> str:
         return self.builder.response.id
+
+    @property
+    def replay(self) -> Mapping[str, Any]:
+        """Output items as the model saw them, by item id (see ``Decoder.replay``)."""
+        return self._replay if self._decoder is None else self._decoder.replay
+
+    def state(self) -> list[dict[str, Any]]:
+        """The attribute dicts of the run and its helpers, for the store's memory count."""
+        return [vars(self), vars(self.builder), vars(self.done), vars(self._changed)]
+
+    def _release(self) -> None:
+        """Forget what only generation needs: the prompt ids (a chain's prompts grow with every
+        turn) and the decoder's token buffers. A stored record then holds what the store
+        measures: the response, its items and (background) its events."""
+        if self._decoder is not None:
+            self._replay = dict(self._decoder.replay)
+        self._decoder = None
+        self._gen = None
 
     def _append(self, event: ResponseStreamEvent) -> None:
         self.events.append(event)
@@ -91,26 +111,29 @@ class ResponseRun:
 
     async def _run(self) -> None:
         b = self.builder
-        decoder = self.decoder
+        decoder, gen = self._decoder, self._gen
+        assert decoder is not None and gen is not None, "a run starts once"
         stats = GenerationStats()  # summed over rounds
-        prompt = list(self._gen.prompt_ids)
+        prompt = list(gen.prompt_ids)
         output_tokens = 0
         finish, error = "stop", None
         b.in_progress()
         try:
             while True:
                 budget = min(
-                    self._gen.params.max_tokens - output_tokens,
+                    gen.params.max_tokens - output_tokens,
                     self._source.context_length - len(prompt),
                 )
                 if budget < 1:
                     finish = "length"
                     break
-                params = dataclasses.replace(self._gen.params, max_tokens=budget)
+                params = dataclasses.replace(gen.params, max_tokens=budget)
                 round_stats = GenerationStats()
                 generated: list[int] = []
                 try:
-                    finish, error = await self._round(prompt, params, round_stats, generated)
+                    finish, error = await self._round(
+                        decoder, prompt, params, round_stats, generated
+                    )
                 finally:
                     output_tokens += len(generated)
                     _add_stats(stats, round_stats, len(prompt))
@@ -129,7 +152,7 @@ class ResponseRun:
             # Output is counted from the steps received (exact when the engine stops early);
             # input falls back to the rendered prompt's length if the engine did not say.
             usage = build_usage(
-                input_tokens=stats.prompt_tokens or len(self._gen.prompt_ids),
+                input_tokens=stats.prompt_tokens or len(gen.prompt_ids),
                 cached_tokens=stats.cached_tokens,
                 output_tokens=output_tokens,
                 reasoning_tokens=decoder.reasoning_tokens,
@@ -145,11 +168,13 @@ class ResponseRun:
         finally:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await decoder.aclose()
+            self._release()
             self.done.set()
             self._append_nothing()
 
     async def _round(
         self,
+        decoder: Decoder,
         prompt: list[int],
         params: SamplingParams,
         stats: GenerationStats,
@@ -163,11 +188,11 @@ class ResponseRun:
                 logprobs = step.logprobs or ()
                 for i, token in enumerate(step.token_ids):
                     generated.append(token)
-                    self.decoder.feed(token, logprobs[i] if i < len(logprobs) else None)
+                    decoder.feed(token, logprobs[i] if i < len(logprobs) else None)
                 if step.finish_reason is not None:
                     finish, error = step.finish_reason, step.error
                     break
-                if self.decoder.stop:
+                if decoder.stop:
                     break  # one call was asked for and it is complete
         except Exception as exc:  # the engine failed: this response fails, nothing else
             finish, error = "error", f"{type(exc).__name__}: {exc}"

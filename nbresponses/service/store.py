@@ -2,7 +2,10 @@
 
 A record keeps the response (through its run), the request's own input items and the whole
 conversation before it, so a ``previous_response_id`` chain is restored from one record even
-after its ancestors were evicted (items are shared by reference, so this costs little memory).
+after its ancestors were evicted. Items are shared by reference along a chain, so the store
+counts each item once however many records hold it, and frees its bytes only when the last of
+them goes: the byte bound is a bound on what is really held (``footprint``: memory, not JSON
+length, which is several times smaller).
 Responses still running are never evicted; evicting one only forgets it here.
 """
 
@@ -13,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nbresponses.protocol.items import InputItem
+from nbresponses.service.footprint import footprint
 from nbresponses.service.run import ResponseRun
 
 
@@ -31,17 +35,24 @@ class Record:
         interpreter call keeps its logs for the next turn even when the response leaves its
         ``outputs`` out.
         """
-        replay = self.run.decoder.replay
+        replay = self.run.replay
         output = [replay.get(getattr(i, "id", None) or "", i) for i in self.run.response.output]
         return [*self.context, *self.input, *output]
 
+    def items(self) -> list[Any]:
+        """Every item object this record holds (shared ones included)."""
+        return [*self.context, *self.input, *self.run.response.output, *self.run.replay.values()]
+
     def measure(self) -> int:
-        items = [*self.input, *self.run.response.output]
-        self.size = len(self.run.response.model_dump_json()) + sum(
-            len(i.model_dump_json()) for i in items
-        )
-        if self.background:  # replayable events are kept too
-            self.size += sum(len(e.model_dump_json()) for e in self.run.events)
+        """Bytes of what is this record's alone: the response (its output counted as items)
+        and, for background responses, the replayable events."""
+        run = self.run
+        response = run.response
+        seen = {id(response.output), *(id(i) for i in self.items())}
+        if not self.background:
+            seen.add(id(run.events))  # emptied when it finished: only a background one replays
+        own = [response, run.events, vars(self), *run.state()]  # context: its list, not items
+        self.size = footprint(own, seen)
         return self.size
 
 
@@ -52,6 +63,9 @@ class ResponseStore:
         self.max_responses = max_responses
         self.max_bytes = max_bytes
         self._records: OrderedDict[str, Record] = OrderedDict()
+        self._counted: dict[str, list[Any]] = {}  # record id -> the items it counts
+        self._items: dict[int, _Shared] = {}  # id(item) -> size and number of counting records
+        self._bytes = 0
 
     def __len__(self) -> int:
         return len(self._records)
@@ -61,7 +75,8 @@ class ResponseStore:
 
     @property
     def bytes(self) -> int:
-        return sum(r.size for r in self._records.values())
+        """What the stored records hold, each shared item counted once."""
+        return self._bytes
 
     def get(self, response_id: str) -> Record | None:
         record = self._records.get(response_id)
@@ -75,21 +90,50 @@ class ResponseStore:
         self.evict()
 
     def remove(self, response_id: str) -> Record | None:
-        return self._records.pop(response_id, None)
+        record = self._records.pop(response_id, None)
+        if record is not None:
+            self._uncount(record)
+        return record
 
     def settled(self, record: Record) -> None:
-        """A stored run finished: measure it and enforce the bounds."""
-        if record.run.id in self._records:
-            record.measure()
+        """A stored run finished: count it and enforce the bounds."""
+        if record.run.id in self._records and record.run.id not in self._counted:
+            self._bytes += record.measure()
+            items = record.items()
+            for item in items:
+                shared = self._items.get(id(item))
+                if shared is None:
+                    shared = self._items[id(item)] = _Shared(item, footprint([item]))
+                    self._bytes += shared.size
+                shared.holders += 1
+            self._counted[record.run.id] = items
             self.evict()
 
+    def _uncount(self, record: Record) -> None:
+        items = self._counted.pop(record.run.id, None)
+        if items is None:
+            return  # still running: nothing counted yet
+        self._bytes -= record.size
+        for item in items:
+            shared = self._items[id(item)]
+            shared.holders -= 1
+            if not shared.holders:
+                del self._items[id(item)]
+                self._bytes -= shared.size
+
     def evict(self) -> None:
-        total = self.bytes
         for key in list(self._records):
-            if len(self._records) <= self.max_responses and total <= self.max_bytes:
+            if len(self._records) <= self.max_responses and self._bytes <= self.max_bytes:
                 return
-            record = self._records[key]
-            if not record.run.done.is_set():
+            if not self._records[key].run.done.is_set():
                 continue  # never drop a response that is still running
-            total -= record.size
-            del self._records[key]
+            self.remove(key)
+
+
+@dataclass
+class _Shared:
+    """One item counted by the store; ``item`` keeps the object (so its id stays unique)."""
+
+    item: Any
+    size: int
+    holders: int = 0

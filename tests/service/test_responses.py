@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import tracemalloc
 
 import openai
 import pytest
@@ -293,6 +295,51 @@ async def test_store_false_and_bounds(tokenizer):
     assert len(small.store) == 0 and small.store.bytes == 0
     with pytest.raises(openai.NotFoundError):
         await small.responses.retrieve(last.id)
+
+
+async def test_store_counts_what_a_chain_holds(tokenizer):
+    """A chain's records share their items: each is counted once, and what the store counts is
+    what tracemalloc sees held (it once counted a 25-turn chain at 1/44 of that)."""
+    answer = "A fairly long answer about many things. " * 30
+    client, source = client_for(tokenizer, "warm", *[answer] * 25, context_length=100_000)
+    await client.responses.create(input="warm-up", store=False)  # first-call caches
+    gc.collect()
+    tracemalloc.start()
+    try:
+        prev = None
+        for i in range(25):
+            r = await client.responses.create(input=f"Q{i} " * 50, previous_response_id=prev)
+            prev = r.id
+        source.prompts.clear()  # the test double's own record of prompts
+        gc.collect()
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert 0.75 < held / client.store.bytes < 1.25
+    for record_id in list(client.store._records):
+        await client.responses.delete(record_id)
+    assert client.store.bytes == 0 and len(client.store) == 0
+
+
+async def test_store_bound_holds_for_a_long_chain(tokenizer):
+    """Ancestors go first and their children keep the chain; once the chain alone outgrows the
+    bound it is evicted too, and continuing it is a clear 400 (it once held gigabytes)."""
+    answer = "Another long answer. " * 40
+    client, source = client_for(tokenizer, *[answer] * 40, context_length=100_000)
+    probe, _ = client_for(tokenizer, answer, context_length=100_000)
+    await probe.responses.create(input="Q " * 50)
+    bound = 8 * probe.store.bytes  # a few turns, not forty
+    client.store.max_bytes = bound
+    prev, first, turns, orphans = None, None, 0, 0
+    with pytest.raises(openai.BadRequestError) as err:
+        for i in range(40):
+            r = await client.responses.create(input=f"Q{i} " * 50, previous_response_id=prev)
+            first, prev, turns = first or r.id, r.id, turns + 1
+            assert client.store.bytes <= bound
+            if first not in client.store:  # an ancestor went: its items live on in the child
+                assert "Q0 Q0" in prompt_text(tokenizer, source)
+                orphans += 1
+    assert err.value.code == "previous_response_not_found" and orphans and turns < 40
 
 
 async def test_delete_and_input_items(tokenizer):
