@@ -202,16 +202,40 @@ class Engine:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
+    def stats(self) -> dict[str, Any]:
+        """Load and memory now: running and waiting requests, the decoding KV, the prefix
+        cache (entries, bytes, hit rate) and the response store (what ``/health`` reports)."""
+        return self._client.stats()
+
     def __repr__(self) -> str:
-        return f"<nbr.Engine {self.prepared.describe()}>"
+        return f"<nbr.Engine {self.prepared.describe()}; prefix cache {self._cache_line()}>"
+
+    def _cache_line(self) -> str:
+        cache = self.generator.prefix_cache.stats()
+        if cache.budget_bytes <= 0:
+            return "off (this recipe's numbers would depend on it)"
+        line = (
+            f"{cache.bytes / 1e6:.0f} of {cache.budget_bytes / 1e6:.0f} MB, {cache.entries} entries"
+        )
+        if cache.prompts:
+            line += (
+                f"; {cache.hits} of {cache.prompts} prompts hit, "
+                f"{cache.token_reuse:.0%} of prompt tokens reused"
+            )
+        return line
 
     def _repr_html_(self) -> str:
+        store = self._client.store
         rows = {
             "model": self.model,
             "recipe": self.prepared.recipe,
             "size": f"{self.prepared.size_bytes / 1e6:.0f} MB",
             "fidelity vs fp32": self.prepared.fidelity_summary(),
             "context": f"{self.generator.context_length} tokens",
+            "prefix cache": self._cache_line(),
+            "stored responses": (
+                f"{len(store)}, {store.bytes / 1e6:.1f} of {store.max_bytes / 1e6:.0f} MB"
+            ),
             "folder": str(self.prepared.path),
         }
         body = "".join(

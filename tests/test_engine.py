@@ -63,6 +63,10 @@ async def test_multi_turn_reuses_the_kv_cache(tiny_engine) -> None:
     )
     cached = second.usage.input_tokens_details.cached_tokens
     assert cached > first.usage.input_tokens // 2, second.usage
+    stats = tiny_engine.stats()
+    assert stats["source"]["prefix_cache"]["reused_tokens"] >= cached
+    assert stats["store"]["responses"] >= 2 and stats["store"]["bytes"] > 0
+    assert "prompts hit" in repr(tiny_engine) and "prefix cache" in tiny_engine._repr_html_()
     items = await client.responses.input_items.list(second.id)
     assert [i.content[0].text for i in items.data] == ["And again."]  # this request's input
 

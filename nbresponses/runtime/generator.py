@@ -308,6 +308,20 @@ class TokenGenerator:
     def decode_steps(self) -> int:
         return self._scheduler.steps
 
+    def stats(self) -> dict[str, Any]:
+        """Load and memory now: rows, the decoding KV and the prefix cache (``TokenSource``).
+
+        Read from another thread than the decode loop's: each figure is current, together they
+        may be one step apart."""
+        return {
+            "running": self.running,
+            "waiting": self.waiting,
+            "decode_steps": self.decode_steps,
+            "kv_bytes": self._scheduler.kv.nbytes,
+            "kv_budget_bytes": self._scheduler.kv_budget_bytes,
+            "prefix_cache": self.prefix_cache.stats().as_dict(),
+        }
+
     async def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until no request runs or waits and the prefix cache holds every finished
         answer (re-computed while idle, so a follow-up turn reuses it). False on timeout."""

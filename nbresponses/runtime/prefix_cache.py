@@ -11,10 +11,37 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
 from nbresponses.runtime.kv import RowKV, row_bytes
+
+
+@dataclass(frozen=True)
+class PrefixCacheStats:
+    """What the cache holds and how often requests' prompts were served from it."""
+
+    entries: int
+    bytes: int
+    budget_bytes: int
+    prompts: int  # prompts looked up for a request (generation or scoring)
+    hits: int  # of those, how many reused at least one token
+    prompt_tokens: int
+    reused_tokens: int
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.prompts if self.prompts else 0.0
+
+    @property
+    def token_reuse(self) -> float:
+        """Share of prompt tokens whose KV came from the cache."""
+        return self.reused_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "hit_rate": self.hit_rate, "token_reuse": self.token_reuse}
 
 
 class PrefixCache:
@@ -25,6 +52,27 @@ class PrefixCache:
         self._entries: OrderedDict[tuple[int, ...], RowKV] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
+        self._prompts = self._hits = self._prompt_tokens = self._reused_tokens = 0
+
+    def served(self, prompt_tokens: int, reused_tokens: int) -> None:
+        """Count one request's prompt and how many of its tokens the cache supplied."""
+        with self._lock:
+            self._prompts += 1
+            self._hits += reused_tokens > 0
+            self._prompt_tokens += prompt_tokens
+            self._reused_tokens += reused_tokens
+
+    def stats(self) -> PrefixCacheStats:
+        with self._lock:
+            return PrefixCacheStats(
+                entries=len(self._entries),
+                bytes=self._bytes,
+                budget_bytes=self.budget_bytes,
+                prompts=self._prompts,
+                hits=self._hits,
+                prompt_tokens=self._prompt_tokens,
+                reused_tokens=self._reused_tokens,
+            )
 
     @property
     def nbytes(self) -> int:

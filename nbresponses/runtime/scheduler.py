@@ -245,6 +245,7 @@ class Scheduler:
         prompt = request.prompt
         cached, past = even_start(prompt, *self.prefix_cache.lookup(prompt))
         stats.prompt_tokens, stats.cached_tokens = len(prompt), cached
+        self.prefix_cache.served(len(prompt), cached)
         computed = self._extend(prompt, cached, past, PREFILL_CHUNK)
         assert computed is not None
         logits, row = computed
@@ -264,6 +265,7 @@ class Scheduler:
         try:
             cached, past = even_start(tokens, *self.prefix_cache.lookup(tokens[:start]))
             request.stats.cached_tokens = cached
+            self.prefix_cache.served(len(tokens), cached)
             values: list[Any] = (
                 self.runner.layout.empty() if past is None else [a[None] for a in past]
             )

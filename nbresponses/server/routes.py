@@ -192,7 +192,14 @@ class ResponsesAPI:
     # -- routes -----------------------------------------------------------------------------
 
     async def health(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok", "model": self.client.model})
+        """Liveness for probes (no key needed); with the key (or none set), the client's
+        figures too: load, KV and prefix-cache memory and hit rate, the store's fill."""
+        body: dict[str, Any] = {"status": "ok", "model": self.client.model}
+        try:
+            self._authorize(request)
+        except HTTPError:
+            return JSONResponse(body)
+        return JSONResponse({**body, **self.client.stats()})
 
     def _model(self) -> dict[str, Any]:
         return {

@@ -57,6 +57,19 @@ class AsyncResponsesClient:
         self.store = ResponseStore(store_max_responses, store_max_bytes)
         self.responses = AsyncResponses(self)
 
+    def stats(self) -> dict[str, Any]:
+        """The store's fill and the token source's figures (the engine: rows, KV, prefix cache)."""
+        store = self.store
+        return {
+            "store": {
+                "responses": len(store),
+                "bytes": store.bytes,
+                "max_responses": store.max_responses,
+                "max_bytes": store.max_bytes,
+            },
+            "source": dict(self.source.stats()),
+        }
+
 
 class AsyncInputItems:
     """``client.responses.input_items``."""

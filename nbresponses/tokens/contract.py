@@ -6,7 +6,7 @@ scripted token source (tests) and the real ONNX Runtime engine are interchangeab
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -86,6 +86,10 @@ class TokenSource(Protocol):
         stats: GenerationStats | None = None,
     ) -> AsyncIterator[Step]:
         """Stream the steps of one request. Cancelling the consuming task frees its batch row."""
+        ...
+
+    def stats(self) -> Mapping[str, Any]:
+        """Figures worth showing a user (load, memory, cache hits) as JSON-ready values."""
         ...
 
 

@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from nbresponses.tokens.contract import (
     FinishReason,
@@ -74,6 +75,9 @@ class ScriptedTokenSource:
     @property
     def context_length(self) -> int:
         return self._context_length
+
+    def stats(self) -> dict[str, Any]:
+        return {"requests": self._calls, "cancelled": self.cancelled}
 
     def generate(
         self,

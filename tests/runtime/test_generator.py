@@ -236,9 +236,17 @@ async def test_prefix_reuse_for_multi_turn(tiny_model, tokenizer, prompts):
         await eng.wait_idle()
         later, stats3 = await collect(eng, follow, params)
         assert stats3.cached_tokens >= len(follow) - 2  # the whole conversation but a token or two
+        cache = eng.stats()["prefix_cache"]
+        assert (cache["prompts"], cache["hits"]) == (3, 2)
+        assert cache["prompt_tokens"] == len(prompts[0]) + 2 * len(follow)
+        assert cache["reused_tokens"] == stats2.cached_tokens + stats3.cached_tokens
+        assert cache["entries"] >= 1 and 0 < cache["bytes"] <= cache["budget_bytes"]
+        assert cache["hit_rate"] == 2 / 3
     async with TokenGenerator(tiny_model, tokenizer=tokenizer, prefix_cache_bytes=0) as cold:
         fresh, stats4 = await collect(cold, follow, params)
         assert stats4.cached_tokens == 0
+        cache = cold.stats()["prefix_cache"]
+        assert (cache["prompts"], cache["hits"], cache["bytes"], cache["entries"]) == (1, 0, 0, 0)
     assert at_once == fresh and later == fresh  # every token id and logprob, bit for bit
 
 

@@ -96,13 +96,19 @@ def test_unknown_ids_routes_and_methods(server):
         assert err["param"] == "starting_after"
         err = error_of(http.get(f"/v1/responses/{r['id']}/input_items?limit=500"), 400)
         assert err["param"] == "limit"
-        assert http.get("/health").json() == {"status": "ok", "model": MODEL}
+        health = http.get("/health").json()
+        assert health["status"] == "ok" and health["model"] == MODEL
+        assert health["store"]["responses"] == 1 and health["store"]["bytes"] > 0
+        assert health["source"]["requests"] == 1
 
 
 def test_api_key(tokenizer):
     client, _ = scripted(tokenizer, "Paris.")
     with ThreadedServer(client, api_key=KEY) as srv, srv.http() as http:
-        assert http.get("/health").status_code == 200  # probes need no key
+        health = http.get("/health")  # probes need no key; the figures do
+        assert health.status_code == 200 and health.json() == {"status": "ok", "model": MODEL}
+        keyed = http.get("/health", headers={"authorization": f"Bearer {KEY}"}).json()
+        assert set(keyed) == {"status", "model", "store", "source"}
         assert "API key" in error_of(http.get("/v1/models"), 401)["message"]
         err = error_of(http.get("/v1/models", headers={"authorization": "Bearer nope"}), 401)
         assert err["code"] == "invalid_api_key"
