@@ -214,9 +214,8 @@ class Engine:
         cache = self.generator.prefix_cache.stats()
         if cache.budget_bytes <= 0:
             return "off (this recipe's numbers would depend on it)"
-        line = (
-            f"{cache.bytes / 1e6:.0f} of {cache.budget_bytes / 1e6:.0f} MB, {cache.entries} entries"
-        )
+        entries = "1 entry" if cache.entries == 1 else f"{cache.entries} entries"
+        line = f"{cache.bytes / 2**20:.0f} of {cache.budget_bytes / 2**20:.0f} MiB, {entries}"
         if cache.prompts:
             line += (
                 f"; {cache.hits} of {cache.prompts} prompts hit, "
@@ -234,7 +233,7 @@ class Engine:
             "context": f"{self.generator.context_length} tokens",
             "prefix cache": self._cache_line(),
             "stored responses": (
-                f"{len(store)}, {store.bytes / 1e6:.1f} of {store.max_bytes / 1e6:.0f} MB"
+                f"{len(store)}, {store.bytes / 2**20:.1f} of {store.max_bytes / 2**20:.0f} MiB"
             ),
             "folder": str(self.prepared.path),
         }
