@@ -100,10 +100,14 @@ def _bwrap_command(workdir: Path, driver: Path, env: dict[str, str]) -> list[str
             cmd += ["--ro-bind", top, top]
     for extra in ("/etc/ld.so.cache", "/etc/localtime"):
         cmd += ["--ro-bind-try", extra, extra]
+    # /proc, /dev and the private /tmp first: a Python or working directory under /tmp (a
+    # venv in a CI checkout there, mkdtemp's default) is then bound on top of it, not hidden
+    cmd += ["--proc", "/proc", "--dev", "/dev"]
+    cmd += ["--perms", "1777", "--size", str(TMP_SIZE), "--tmpfs", "/tmp"]  # /tmp is memory
     binds = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(),
              Path(sys.exec_prefix).resolve()}  # fmt: skip
     binds = {prefix for prefix in binds if not prefix.is_relative_to("/usr")}
-    made: set[Path] = {Path("/")}
+    made: set[Path] = {Path("/"), Path("/tmp")}
     for target in sorted(binds | {workdir}):
         for parent in reversed(target.parents):  # bwrap would make them 0700, root's
             if parent not in made:
@@ -111,8 +115,6 @@ def _bwrap_command(workdir: Path, driver: Path, env: dict[str, str]) -> list[str
                 made.add(parent)
     for prefix in sorted(binds):
         cmd += ["--ro-bind", str(prefix), str(prefix)]
-    cmd += ["--proc", "/proc", "--dev", "/dev"]
-    cmd += ["--perms", "1777", "--size", str(TMP_SIZE), "--tmpfs", "/tmp"]  # /tmp is memory
     cmd += ["--bind", str(workdir), str(workdir), "--chdir", str(workdir)]
     cmd += ["--ro-bind", str(driver), "/nbr/sandbox_driver.py"]
     cmd += ["--remount-ro", "/"]  # the root is a tmpfs: writable, it would be uncounted memory
