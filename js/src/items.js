@@ -84,7 +84,8 @@ function message(ctx, item) {
     } else if (typeof part.text === "string") {
       const heat = ctx.ui.heat && Array.isArray(part.logprobs) && part.logprobs.length;
       box.append(heat ? renderTokens(part) : h("div", { class: "nbr-md" }, renderMarkdown(part.text)));
-      box.append(annotations(part.annotations));
+      const sources = annotations(part.annotations);
+      if (sources) box.append(sources); // append(null) would add the text "null"
     } else {
       box.append(genericJson(part));
     }

@@ -28,9 +28,16 @@ function mount(model, el) {
     if (frame === null) frame = requestAnimationFrame(draw);
   });
 
+  let headKey = null;
+
   function drawHead(state) {
     const status = statusOf(state);
     const live = state.view.phase !== "done";
+    // Rebuilt only when it changes: replacing the buttons on every frame loses a press held
+    // as long as people hold one (the mouseup lands on a new element, so no click).
+    const key = JSON.stringify([status.key, status.label, live, state.response.model || "", hasLogprobs(state), ui.heat, Boolean(state.view.cancellable), cancelling]);
+    if (key === headKey) return;
+    headKey = key;
     const children = [
       h("span", { class: `nbr-status nbr-s-${status.key}`, "data-status": status.key }, live && status.key !== "queued" ? h("span", { class: "nbr-dot", "aria-hidden": "true" }) : null, status.label),
     ];

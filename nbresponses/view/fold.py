@@ -190,12 +190,19 @@ class Folder:
             self._set(["view", "interrupted"], True)
         self._set(["view", "phase"], "done")
 
-    def mark_cancelled(self) -> None:
+    def mark_cancelled(self, final: dict[str, Any] | None = None) -> None:
         """The reader stopped the stream: the view says so, and the response is cancelled
-        unless a terminal event already said how it ended."""
+        unless a terminal event already said how it ended. ``final``: the Response the
+        source's cancel returned (a stream with no terminal event for cancel, as OpenAI's and
+        the engine's): its status, usage and error are taken."""
         self._set(["view", "cancelled"], True)
-        if self.terminal is None:
-            self._set(["response", "status"], "cancelled")
+        if self.terminal is not None:
+            return
+        final = final if isinstance(final, dict) and final.get("object") == "response" else {}
+        self._set(["response", "status"], final.get("status") or "cancelled")
+        for key in ("usage", "error", "incomplete_details"):
+            if final.get(key) is not None:
+                self._set(["response", key], final[key])
 
     def record_exception(self, exc: BaseException) -> None:
         """The source raised while being read: shown in place of the missing end."""

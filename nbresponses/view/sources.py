@@ -62,11 +62,13 @@ def cancel_hooks(source: Any, cancel: Hook | None) -> tuple[Hook | None, Hook | 
     return interrupt, closer
 
 
-async def call_hook(hook: Hook) -> None:
-    """Call a sync or async hook and wait for it."""
+async def call_hook(hook: Hook) -> Any:
+    """Call a sync or async hook and wait for it; what it returned (a stream's ``cancel()``
+    may return the final Response)."""
     result = hook()
     if inspect.isawaitable(result):
-        await result
+        result = await result
+    return result
 
 
 async def events_from_thread(

@@ -58,6 +58,7 @@ class ResponseView(anywidget.AnyWidget):
         self._task: asyncio.Task[None] | None = None
         self._exception: BaseException | None = None
         self._cancelling = False
+        self._cancel_final: dict[str, Any] | None = None  # what the cancel hook returned
         self._final: Response | None = None
         self._display_ids: list[str] = []
         self._shown_in: int | None = None
@@ -126,7 +127,8 @@ class ResponseView(anywidget.AnyWidget):
         self._cancelling = True
         if self._interrupt is not None:
             try:
-                await call_hook(self._interrupt)
+                final = plain(await call_hook(self._interrupt))
+                self._cancel_final = final if isinstance(final, dict) else None
             except Exception as exc:
                 self._folder.record_error(f"cancel hook failed: {exc}")
         if self._task is not None and not self._task.done():
@@ -137,6 +139,9 @@ class ResponseView(anywidget.AnyWidget):
             self._mark_cancelled()
             await self._close_source()
             self._finish()
+        elif self._cancel_final is not None:  # the stream ended before the hook returned
+            self._mark_cancelled()
+            self._republish()
 
     def display(self) -> ResponseView:
         """Show the view in the notebook (HTML fallback included); returns the view."""
@@ -188,6 +193,9 @@ class ResponseView(anywidget.AnyWidget):
                 if self._flush_handle is None:
                     self._flush_handle = self._loop.call_later(self._flush_interval, self._flush)
             interrupted = self._folder.terminal is None
+            if interrupted and self._cancelling:  # it ended because we cancelled it
+                self._mark_cancelled()
+                interrupted = False
         except asyncio.CancelledError:
             if not self._cancelling:
                 self._finish(interrupted=True)
@@ -207,7 +215,7 @@ class ResponseView(anywidget.AnyWidget):
                 await call_hook(self._closer)
 
     def _mark_cancelled(self) -> None:
-        self._folder.mark_cancelled()
+        self._folder.mark_cancelled(self._cancel_final)
 
     def _flush(self) -> None:
         """Send what changed since the last flush as one patch message."""
@@ -228,6 +236,16 @@ class ResponseView(anywidget.AnyWidget):
             self._seq += 1
             self._post({"kind": "patch", "seq": self._seq, "ops": ops})
         # no copy: the state no longer changes once the stream is done
+        self._snapshot = {"seq": self._seq, "state": self.state}
+        self._refresh_displays()
+
+    def _republish(self) -> None:
+        """Send a change made after the end (the cancel hook's final usage) everywhere."""
+        self._final = None
+        ops = self._folder.patches.take()
+        if ops:
+            self._seq += 1
+            self._post({"kind": "patch", "seq": self._seq, "ops": ops})
         self._snapshot = {"seq": self._seq, "state": self.state}
         self._refresh_displays()
 

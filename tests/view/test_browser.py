@@ -527,3 +527,51 @@ def test_cancel_button_sends_cancel_and_unknown_events_show(browser: Any) -> Non
     assert root.locator(".nbr-cancel").count() == 0
     assert page.errors == []
     page.page.close()
+
+
+def test_a_held_cancel_press_counts_while_text_streams(browser: Any) -> None:
+    """People hold a button ~120 ms; frames arrive meanwhile. The header must not rebuild the
+    button under the press (it did, and the click was lost), and a message without
+    citations must not show a stray "null" (it did, under every message)."""
+    events = _message_events("Streaming words while someone reaches for Cancel. " * 4)[:-1]
+
+    async def run() -> tuple[dict[str, Any], list[dict[str, Any]], ResponseView]:
+        gate = asyncio.Event()
+
+        async def source():
+            for event in events:
+                yield event
+                await asyncio.sleep(0.002)  # one patch per event
+            await gate.wait()
+
+        view = ResponseView(source(), cancel=gate.set, flush_interval=0)
+        sent: list[dict[str, Any]] = []
+        initial = copy.deepcopy(view._snapshot)
+        view._post = sent.append  # type: ignore[method-assign]
+        await asyncio.sleep(0.3)  # every event folded and sent, the stream still open
+        return initial, json.loads(json.dumps(sent)), view
+
+    initial, messages, view = KERNEL.run(run())
+    assert len(messages) > 10
+    page = Page(browser)
+    wid = page.mount({"_snapshot": initial})
+    page.deliver(wid, messages[:4])
+    root = page.root(wid)
+    box = root.locator(".nbr-cancel").bounding_box()
+    mouse = page.page.mouse
+    mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    mouse.down()
+    for message in messages[4:]:  # frames arrive while the button is held down
+        page.deliver(wid, [message])
+        page.page.wait_for_timeout(8)
+    mouse.up()
+    assert page.sent(wid)[-1] == {"kind": "cancel"}
+    assert "null" not in root.locator(".nbr-message").text_content()
+    KERNEL.loop.call_soon_threadsafe(view._on_front_end, view, {"kind": "cancel"}, [])
+
+    async def wait() -> Any:
+        return await view
+
+    assert KERNEL.run(wait()).status == "cancelled"
+    assert page.errors == []
+    page.page.close()

@@ -434,3 +434,23 @@ def test_patch_buffer_merges_appends_until_a_set() -> None:
     apply_ops(state, ops)
     assert state == {"a": "resetz", "l": [1, 2]}
     assert buffer.take() == []
+
+
+async def test_cancelling_an_engine_stream_shows_cancelled_with_usage(tokenizer) -> None:
+    """The engine's stream sends no terminal event when cancelled (OpenAI has none): the view
+    must say cancelled, not interrupted, and ``await view`` give the final status and usage."""
+    from helpers.responses import client_for, ids
+
+    from nbresponses.tokens.scripted import Script
+
+    client, _ = client_for(tokenizer, Script(ids(tokenizer, "word " * 400), delay=0.01))
+    stream = await client.responses.create(input="Talk.", stream=True)
+    view = show(stream)
+    while not view.state["response"]["output"]:
+        await asyncio.sleep(0.01)
+    await view.cancel()
+    final = await view
+    assert final.status == "cancelled" and view.status == "cancelled"
+    assert final.usage is not None and final.usage.output_tokens > 0
+    assert view.state["view"]["cancelled"] and not view.state["view"]["interrupted"]
+    assert view._snapshot["state"]["response"]["usage"]["output_tokens"] > 0
