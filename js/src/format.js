@@ -15,7 +15,7 @@ export function statusOf(state) {
     const message = response.error && response.error.message;
     return { key: "failed", label: message ? `failed: ${message}` : "failed" };
   }
-  if (status) return { key: String(status), label: String(status) };
+  if (status) return { key: String(status), label: String(status).replace(/_/g, " ") };
   return view.phase === "done" ? { key: "completed", label: "done" } : { key: "queued", label: "waiting" };
 }
 

@@ -176,14 +176,25 @@ class Folder:
         self._set(["view", "timing", "elapsed"], round(self.elapsed(), 3))
         self.patches.set(["view", "events"], view["events"])
 
-    def finish(self, *, interrupted: bool = False) -> None:
-        """Stamp the end of the stream: timings, phase and whether it ended early."""
+    def finish(self, *, interrupted: bool = False, measured: bool = True) -> None:
+        """Stamp the end of the stream: timings, phase and whether it ended early.
+
+        ``measured=False`` (a finished Response, a list of recorded events): the clock here
+        timed only the folding, so it shows no first-token time, speed or wall time of its
+        own (they read 0.00 s and ten million tok/s); the wall time is the Response's own,
+        ``completed_at - created_at``, when it has both."""
         now = self.elapsed()
         timing = dict(self.state["view"]["timing"])
         timing["wall"] = round(now, 4)
         timing["elapsed"] = round(now, 4)
         if self._first_token is not None and self._last_token is not None:
             timing["generation"] = round(self._last_token - self._first_token, 4)
+        if not measured:
+            response = self.state["response"]
+            start, end = response.get("created_at"), response.get("completed_at")
+            timing = {}
+            if isinstance(start, int | float) and isinstance(end, int | float) and end >= start:
+                timing["wall"] = round(end - start, 4)
         self.flush_derived()
         self._set(["view", "timing"], timing)
         if interrupted:

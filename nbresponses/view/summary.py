@@ -26,7 +26,7 @@ def status_label(state: dict[str, Any]) -> str:
         message = (response.get("error") or {}).get("message")
         return f"failed: {message}" if message else "failed"
     if status:
-        return str(status)
+        return str(status).replace("_", " ")  # "in progress", not the wire's "in_progress"
     return "waiting" if view.get("phase") != "done" else "done"
 
 

@@ -25,7 +25,7 @@ from .patches import PatchBuffer
 from .response import to_response
 from .sources import Hook, as_async, call_hook, cancel_hooks, classify
 from .static_html import render_html
-from .summary import status_label
+from .summary import status_label, usage_line
 
 STATIC = pathlib.Path(__file__).parent / "static"
 
@@ -59,6 +59,7 @@ class ResponseView(anywidget.AnyWidget):
         self._exception: BaseException | None = None
         self._cancelling = False
         self._cancel_final: dict[str, Any] | None = None  # what the cancel hook returned
+        self._print_at_end = False  # shown outside IPython: print the text when done
         self._final: Response | None = None
         self._display_ids: list[str] = []
         self._shown_in: int | None = None
@@ -67,11 +68,11 @@ class ResponseView(anywidget.AnyWidget):
 
         if kind == "response":
             self._folder.load_response(source)
-            self._finish()
+            self._finish(measured=False)
         elif kind == "events":
             for event in source:
                 self._folder.apply(event)
-            self._finish(interrupted=self._folder.terminal is None)
+            self._finish(interrupted=self._folder.terminal is None, measured=False)
         else:
             self._start(as_async(source, kind, self._closer if kind == "sync" else None))
 
@@ -144,9 +145,17 @@ class ResponseView(anywidget.AnyWidget):
             self._republish()
 
     def display(self) -> ResponseView:
-        """Show the view in the notebook (HTML fallback included); returns the view."""
+        """Show the view in the notebook (HTML fallback included); returns the view.
+
+        Outside IPython (a script, a terminal) there is nothing to render a widget: the text
+        summary is printed instead, once the stream has ended."""
         from IPython.display import display
 
+        if not _in_ipython():
+            self._print_at_end = True
+            if self.done:
+                self._print_summary()
+            return self
         data, metadata = self._repr_mimebundle_()
         display_id = uuid.uuid4().hex
         self._display_ids.append(display_id)
@@ -226,11 +235,11 @@ class ResponseView(anywidget.AnyWidget):
             self._seq += 1
             self._post({"kind": "patch", "seq": self._seq, "ops": ops})
 
-    def _finish(self, *, interrupted: bool = False) -> None:
+    def _finish(self, *, interrupted: bool = False, measured: bool = True) -> None:
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None
-        self._folder.finish(interrupted=interrupted)
+        self._folder.finish(interrupted=interrupted, measured=measured)
         ops = self._folder.patches.take()
         if ops:  # patches alone stay complete; the snapshot (same seq) is for late front ends
             self._seq += 1
@@ -238,6 +247,20 @@ class ResponseView(anywidget.AnyWidget):
         # no copy: the state no longer changes once the stream is done
         self._snapshot = {"seq": self._seq, "state": self.state}
         self._refresh_displays()
+        if self._print_at_end:
+            self._print_summary()
+
+    def _print_summary(self) -> None:
+        self._print_at_end = False
+        print(self.text())
+
+    def text(self) -> str:
+        """The view as plain text: status, model, the output's text, usage and timings."""
+        response = self.state["response"]
+        head = " · ".join(str(x) for x in (self.status, response.get("model")) if x)
+        body = self.response.output_text
+        usage = usage_line(self.state)
+        return "\n".join(part for part in (head, body, usage) if part)
 
     def _republish(self) -> None:
         """Send a change made after the end (the cancel hook's final usage) everywhere."""
@@ -274,6 +297,12 @@ class ResponseView(anywidget.AnyWidget):
             self._post({"kind": "snapshot", "seq": self._seq, "state": self.state})
         elif kind == "cancel" and self._loop is not None:
             self._loop.create_task(self.cancel())
+
+
+def _in_ipython() -> bool:
+    from IPython import get_ipython
+
+    return get_ipython() is not None
 
 
 def _execution_count() -> int | None:

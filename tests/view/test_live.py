@@ -364,6 +364,7 @@ async def test_show_displays_then_refreshes_the_html_fallback(monkeypatch) -> No
         IPython.display, "update_display", lambda data, **kw: shown.append(("update", data))
     )
     monkeypatch.setattr("nbresponses.view.widget._execution_count", lambda: 7)
+    monkeypatch.setattr("nbresponses.view.widget._in_ipython", lambda: True)
     view = show(paced(text_stream("live text"), 0.001))
     assert isinstance(view, ResponseView)
     assert [kind for kind, _ in shown] == ["display"]
@@ -454,3 +455,42 @@ async def test_cancelling_an_engine_stream_shows_cancelled_with_usage(tokenizer)
     assert final.usage is not None and final.usage.output_tokens > 0
     assert view.state["view"]["cancelled"] and not view.state["view"]["interrupted"]
     assert view._snapshot["state"]["response"]["usage"]["output_tokens"] > 0
+
+
+def test_timings_are_shown_only_where_they_were_measured() -> None:
+    """Folding a recording or a finished Response takes microseconds: the view once showed
+    "first token 0.00 s · 10200000.0 tok/s · wall 0.00 s" for it. Only the Response's own
+    times (created_at to completed_at) are shown then."""
+    from nbresponses.view.summary import status_label, usage_line
+
+    recording = text_stream("Hello there, this was generated long ago.")
+    line = usage_line(ResponseView(recording).state)
+    assert line.startswith("input 3 (1 cached)") and "tok/s" not in line
+    assert "first token" not in line and "wall" not in line
+    final = {**recording[-1]["response"], "object": "response"}
+    final |= {"created_at": 1_700_000_000.0, "completed_at": 1_700_000_002.5}
+    assert "wall 2.50 s" in usage_line(ResponseView(final).state)
+    live = {"response": {"status": "in_progress"}, "view": {"phase": "streaming"}}
+    assert status_label(live) == "in progress"  # not the wire's "in_progress"
+
+
+def test_show_in_a_script_prints_text_not_a_mimebundle(tmp_path) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "show.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from test_live import text_stream\n"
+        "import nbresponses as nbr\n"
+        "nbr.show(text_stream('Hello from a script.'))\n"
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "completed",
+        "Hello from a script.",
+        "input 3 (1 cached) · output 20",
+    ]
