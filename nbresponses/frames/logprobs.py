@@ -22,29 +22,31 @@ from ._utf8 import part_text
 
 __all__ = ["LOGPROBS_COLUMNS", "TOP_LOGPROBS_COLUMNS", "logprobs_frame", "top_logprobs_frame"]
 
-#: column -> dtype of :func:`logprobs_frame` (``category`` columns hold strings)
+#: column -> dtype of :func:`logprobs_frame` (``category`` columns hold strings), in frame
+#: order: what a reader looks at first (the token and its probability), the keys last (long
+#: ids would otherwise fill the screen a notebook shows)
 LOGPROBS_COLUMNS: dict[str, str] = {
-    "response_id": "category",
-    "item_id": "category",
-    "output_index": "int32",
-    "content_index": "int32",
-    "position": "int64",
     "token": "category",
-    "text": "str",
-    "bytes": "object",
-    "byte_offset": "int64",
-    "char_offset": "int64",
-    "logprob": "float64",
     "prob": "float64",
+    "logprob": "float64",
     "rank": "Int32",
-    "n_top": "int16",
     "runner_up": "category",
     "runner_up_logprob": "float64",
     "margin": "float64",
+    "entropy": "float64",
     "topk_entropy": "float64",
     "topk_mass": "float64",
-    "entropy": "float64",
+    "n_top": "int16",
     "given": "bool",
+    "text": "str",
+    "position": "int64",
+    "output_index": "int32",
+    "content_index": "int32",
+    "bytes": "object",
+    "byte_offset": "int64",
+    "char_offset": "int64",
+    "response_id": "category",
+    "item_id": "category",
 }
 
 #: column -> dtype of :func:`top_logprobs_frame`
@@ -223,7 +225,7 @@ def _token_columns(data: _Tokens) -> dict[str, Any]:
     ranks = np.where(exact, data.ranks, stats["rank"])
     part_columns = _part_columns(data, data.counts)
     given = part_columns.pop("given")
-    return {
+    columns = {
         **part_columns,
         "position": _positions(data.counts),
         "token": categorical(data.tokens),
@@ -240,6 +242,7 @@ def _token_columns(data: _Tokens) -> dict[str, Any]:
         "entropy": data.entropies,
         "given": given,
     }
+    return {name: columns[name] for name in LOGPROBS_COLUMNS}
 
 
 def _top_frame(data: _Tokens, top: TopK) -> pd.DataFrame:

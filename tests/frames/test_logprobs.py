@@ -42,6 +42,10 @@ def _three_alternatives() -> object:
 def test_schema_and_index() -> None:
     frame = logprobs_frame(_three_alternatives())
     assert _dtypes(frame) == LOGPROBS_COLUMNS
+    # what a reader looks at first opens the frame; the long ids come last
+    assert list(frame.columns) == list(LOGPROBS_COLUMNS)
+    assert list(frame.columns[:2]) == ["token", "prob"]
+    assert list(frame.columns[-2:]) == ["response_id", "item_id"]
     assert isinstance(frame.index, pd.RangeIndex)
     assert _dtypes(top_logprobs_frame(_three_alternatives())) == TOP_LOGPROBS_COLUMNS
 
