@@ -145,15 +145,27 @@ function mount(model, el) {
   function showTip(found) {
     fillTip(tip, found.lp);
     tip.hidden = false;
-    const box = root.getBoundingClientRect();
-    const at = found.span.getBoundingClientRect();
-    tip.style.left = `${Math.max(0, Math.min(at.left - box.left, box.width - tip.offsetWidth - 4))}px`;
-    // below the token, or above it when the popover would leave the window
-    const below = at.bottom + 4 + tip.offsetHeight <= window.innerHeight || at.top - tip.offsetHeight - 4 < 0;
-    tip.style.top = `${below ? at.bottom - box.top + 4 : at.top - box.top - tip.offsetHeight - 4}px`;
+    placeTip(found.span);
     for (const el of root.querySelectorAll(".nbr-token-active")) el.classList.remove("nbr-token-active");
     found.span.classList.add("nbr-token-active");
   }
+  // The popover is fixed to the window, not to the view: output areas hide what overflows
+  // them, so on a one- or two-line answer an absolutely placed popover lost its lower rows.
+  function placeTip(span) {
+    const at = span.getBoundingClientRect();
+    const width = tip.offsetWidth;
+    const height = tip.offsetHeight;
+    tip.style.left = `${Math.max(4, Math.min(at.left, window.innerWidth - width - 4))}px`;
+    // below the token, or above it when the popover would leave the window
+    const below = at.bottom + 4 + height <= window.innerHeight || at.top - height - 4 < 0;
+    tip.style.top = `${below ? at.bottom + 4 : at.top - height - 4}px`;
+  }
+  function onScroll() {
+    if (tip.hidden) return;
+    if (ui.pinned && ui.pinned.isConnected) placeTip(ui.pinned); // follows its token
+    else hideTip(true);
+  }
+  window.addEventListener("scroll", onScroll, { capture: true, passive: true });
   function hideTip(force) {
     if (ui.pinned && !force) return;
     ui.pinned = null;
@@ -186,6 +198,7 @@ function mount(model, el) {
   draw();
   return () => {
     if (frame !== null) cancelAnimationFrame(frame);
+    window.removeEventListener("scroll", onScroll, { capture: true });
     store.dispose();
   };
 }

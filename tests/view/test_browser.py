@@ -575,3 +575,34 @@ def test_a_held_cancel_press_counts_while_text_streams(browser: Any) -> None:
     assert KERNEL.run(wait()).status == "cancelled"
     assert page.errors == []
     page.page.close()
+
+
+def test_the_popover_is_whole_inside_an_output_area_that_clips(browser: Any) -> None:
+    """Output areas hide what overflows them; on a one-line answer the popover lost its lower
+    rows (3 of 5 alternatives showed). Every row must be visible, as the topmost element."""
+    initial, messages, view = replay(_logprob_events())
+    page = Page(browser)
+    wid = page.mount({"_snapshot": initial})
+    page.deliver(wid, messages)
+    page.set_trait(wid, "_snapshot", json.loads(json.dumps(view._snapshot)))
+    page.page.evaluate(  # the mount point as Lab's output area: clips its overflow
+        "i => { const el = document.querySelectorAll('#app > div')[i];"
+        " el.style.overflow = 'hidden'; el.style.maxHeight = el.offsetHeight + 'px'; }",
+        wid,
+    )
+    root = page.root(wid)
+    root.locator(".nbr-heat-toggle").click()
+    page.page.evaluate("window.harness.frames()")
+    root.locator(".nbr-token").nth(0).hover()
+    tip = root.locator(".nbr-tip")
+    assert tip.is_visible()
+    hidden_rows = tip.evaluate(
+        """tip => [...tip.querySelectorAll('tr')].filter((row) => {
+            const r = row.getBoundingClientRect();
+            const hit = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
+            return !(hit && tip.contains(hit));
+        }).length"""
+    )
+    assert tip.locator("tr").count() == 3 and hidden_rows == 0
+    assert page.errors == []
+    page.page.close()
