@@ -230,6 +230,9 @@ class ResponseView(anywidget.AnyWidget):
         """Send what changed since the last flush as one patch message."""
         self._flush_handle = None
         self._folder.flush_derived()
+        self._send_patches()
+
+    def _send_patches(self) -> None:
         ops = self._folder.patches.take()
         if ops:
             self._seq += 1
@@ -240,15 +243,17 @@ class ResponseView(anywidget.AnyWidget):
             self._flush_handle.cancel()
             self._flush_handle = None
         self._folder.finish(interrupted=interrupted, measured=measured)
-        ops = self._folder.patches.take()
-        if ops:  # patches alone stay complete; the snapshot (same seq) is for late front ends
-            self._seq += 1
-            self._post({"kind": "patch", "seq": self._seq, "ops": ops})
+        self._publish_end()
+        if self._print_at_end:
+            self._print_summary()
+
+    def _publish_end(self) -> None:
+        """Patches (they alone stay complete), then the snapshot at the same seq for late front
+        ends and the displays' HTML fallback."""
+        self._send_patches()
         # no copy: the state no longer changes once the stream is done
         self._snapshot = {"seq": self._seq, "state": self.state}
         self._refresh_displays()
-        if self._print_at_end:
-            self._print_summary()
 
     def _print_summary(self) -> None:
         self._print_at_end = False
@@ -265,12 +270,7 @@ class ResponseView(anywidget.AnyWidget):
     def _republish(self) -> None:
         """Send a change made after the end (the cancel hook's final usage) everywhere."""
         self._final = None
-        ops = self._folder.patches.take()
-        if ops:
-            self._seq += 1
-            self._post({"kind": "patch", "seq": self._seq, "ops": ops})
-        self._snapshot = {"seq": self._seq, "state": self.state}
-        self._refresh_displays()
+        self._publish_end()
 
     def _refresh_displays(self) -> None:
         """Re-publish displays so saved notebooks keep the final HTML fallback."""
