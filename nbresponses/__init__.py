@@ -6,6 +6,7 @@ the frames or the widget never pays for ONNX Runtime or transformers.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from typing import Any
 
@@ -30,6 +31,7 @@ _LAZY: dict[str, str] = {
     "function_tool": "nbresponses.service.function_tools",
     "compare": "nbresponses.frames",
     "option_likelihoods": "nbresponses.frames",
+    "history": "nbresponses.service.history",
 }
 
 __all__ = ["__version__", *_LAZY]
@@ -40,8 +42,16 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'nbresponses' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
+    if module == "nbresponses.frames":
+        _frames_read_stored_ids()
     globals()[name] = value
     return value
+
+
+def _frames_read_stored_ids() -> None:
+    """Let the frames take response ids and ``history()`` frames (the store's resolver)."""
+    with contextlib.suppress(ImportError):  # a light install may lack what the store needs
+        importlib.import_module("nbresponses.service.history")
 
 
 def __dir__() -> list[str]:

@@ -5,12 +5,14 @@ its own group), and ``(receive_time, event)`` pairs. Receive times may instead c
 ``times=`` sequence parallel to a flat iterable. Consecutive events form streams; a stream
 ends where the next one begins (``response.created``/``response.queued``, or a
 ``sequence_number`` that does not increase), so concatenated recordings split correctly.
+A stored response's id, a list of ids or an ``nbr.history()`` frame are read from the store
+through a resolver it registers (``register_resolver``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from numbers import Real
 from typing import Any
@@ -19,7 +21,24 @@ from nbresponses.traffic.access import field as get
 from nbresponses.traffic.access import kind_of
 from nbresponses.traffic.events import STARTED
 
-__all__ = ["ResponseSource", "Source", "StreamSource", "collect"]
+__all__ = ["ResponseSource", "Source", "StreamSource", "collect", "register_resolver"]
+
+# Functions that turn a stored response's id (or a frame of ids) into Responses, or return
+# None: the store registers one, so frames read ids without importing it.
+_RESOLVERS: list[Callable[[Any], Any]] = []
+
+
+def register_resolver(resolver: Callable[[Any], Any]) -> None:
+    if resolver not in _RESOLVERS:
+        _RESOLVERS.append(resolver)
+
+
+def _resolved(obj: Any) -> Any:
+    for resolver in _RESOLVERS:
+        found = resolver(obj)
+        if found is not None:
+            return found
+    return None
 
 
 @dataclass
@@ -84,6 +103,11 @@ class _Collector:
         if _is_pair(obj):
             self.add_event(obj[1], float(obj[0]))
             return
+        if isinstance(obj, str) or hasattr(obj, "columns"):  # an id, a history() frame
+            found = _resolved(obj)
+            if found is not None:
+                self.add(found)
+                return
         kind = kind_of(obj)
         if kind == "event":
             self.add_event(obj, time)

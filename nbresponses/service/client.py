@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from openai.types.responses import Response, ResponseItemList
@@ -23,8 +23,10 @@ from nbresponses.protocol.errors import bad_request, response_not_found, unsuppo
 from nbresponses.protocol.ids import new_id
 from nbresponses.protocol.items import check_call_outputs
 from nbresponses.protocol.request import CreateRequest, given, parse_create
+from nbresponses.service.database import RUNNING, StorePath, open_database
+from nbresponses.service.record import Record
 from nbresponses.service.run import Generation, ResponseRun
-from nbresponses.service.store import Record, ResponseStore
+from nbresponses.service.store import ResponseStore
 from nbresponses.service.stream import ResponseEventStream
 from nbresponses.tokens.contract import SamplingParams, Tokenizer, TokenSource
 
@@ -49,12 +51,27 @@ class AsyncResponsesClient:
         config: Any = None,
         store_max_responses: int = 1000,
         store_max_bytes: int = 64 * 2**20,
+        store_path: StorePath = "memory",
+        store_keep_days: float | None = None,
+        store_max_disk_bytes: int | None = None,
+        provenance: Mapping[str, Any] | None = None,
     ) -> None:
+        """``store_path``: where stored responses are kept (see ``open_database``): a SQLite
+        file (None: the default, in the user's data dir), "memory" (this process only, the
+        default here) or "off" (nothing kept). ``store_max_responses`` / ``store_max_bytes``
+        bound what is held in memory; ``store_keep_days`` / ``store_max_disk_bytes`` what
+        the file keeps. ``provenance`` (model name, recipe, hash) is stored with each response.
+        """
         self.source = source
         self.tokenizer = tokenizer
         self.model = model
         self.family = select_family(family, source=source, tokenizer=tokenizer, config=config)
-        self.store = ResponseStore(store_max_responses, store_max_bytes)
+        self.keeps = store_path != "off"
+        database = open_database(
+            store_path, keep_days=store_keep_days, max_disk_bytes=store_max_disk_bytes
+        )
+        self.store = ResponseStore(store_max_responses, store_max_bytes, database)
+        self.provenance = dict(provenance or {})
         self.responses = AsyncResponses(self)
 
     def stats(self) -> dict[str, Any]:
@@ -66,9 +83,19 @@ class AsyncResponsesClient:
                 "bytes": store.bytes,
                 "max_responses": store.max_responses,
                 "max_bytes": store.max_bytes,
+                "database": store.database.stats() if store.database is not None else None,
             },
             "source": dict(self.source.stats()),
         }
+
+    def flush(self, timeout: float | None = 30.0) -> bool:
+        """Wait until every stored response is written to the database (True when written)."""
+        return self.store.database.flush(timeout) if self.store.database is not None else True
+
+    def close(self) -> None:
+        """Write what is queued and close the database (the memory store stays readable)."""
+        if self.store.database is not None:
+            self.store.database.close()
 
 
 class AsyncInputItems:
@@ -143,17 +170,28 @@ class AsyncResponses:
     def _start(self, req: CreateRequest) -> tuple[ResponseRun, Record]:
         client = self._client
         context: list[Any] = []
+        if req.background and not client.keeps:
+            raise bad_request(
+                "Background responses need a store, and this engine keeps none (store_path='off').",
+                param="background",
+            )
         if req.previous_response_id is not None:
-            parent = client.store.get(req.previous_response_id)
+            parent = client.store.parent(req.previous_response_id)
             if parent is None:
                 raise bad_request(
                     f"Previous response with id '{req.previous_response_id}' not found.",
                     param="previous_response_id",
                     code="previous_response_not_found",
                 )
-            if not parent.run.done.is_set():
+            if not parent.run.done.is_set() or parent.run.response.status in RUNNING:
                 raise bad_request(
                     f"Previous response '{req.previous_response_id}' is still running.",
+                    param="previous_response_id",
+                )
+            if parent.partial:
+                raise bad_request(
+                    f"The conversation before '{req.previous_response_id}' is no longer "
+                    "stored, so it cannot be continued.",
                     param="previous_response_id",
                 )
             context = parent.history()
@@ -184,15 +222,21 @@ class AsyncResponses:
         )
         generation = Generation(prompt_ids=prompt.ids, params=params, decoder=prompt.decoder)
         run = ResponseRun(self._response(req), client.source, generation)
-        record = Record(run=run, input=req.input, context=context, background=req.background)
+        record = Record(
+            run=run,
+            input=req.input,
+            context=context,
+            background=req.background,
+            request=_stored_request(req),
+            provenance=client.provenance,
+        )
         run.builder.created()
         if req.background:
             run.builder.queued()
-        if req.store:
+        if req.store and client.keeps:
             client.store.put(record)
+        run.on_done = lambda: self._settled(record, req)  # stored before anyone sees it done
         run.start()
-        assert run.task is not None
-        run.task.add_done_callback(lambda _: self._settled(record, req))
         return run, record
 
     def _settled(self, record: Record, req: CreateRequest) -> None:
@@ -306,3 +350,22 @@ class AsyncResponses:
         from nbresponses.service.function_tools import run_tools
 
         return await run_tools(self, tools=tools, max_turns=max_turns, **kwargs)
+
+
+def _stored_request(req: CreateRequest) -> dict[str, Any]:
+    """The create parameters kept with a stored response (its input is kept as items)."""
+    return {
+        "model": req.model,
+        "stream": req.stream,
+        "background": req.background,
+        "include": req.include,
+        "logprobs": req.logprobs,
+        "top_logprobs": req.top_logprobs,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "max_output_tokens": req.max_output_tokens,
+        "max_tool_calls": req.max_tool_calls,
+        "tool_choice": req.tool_choice,
+        "parallel_tool_calls": req.parallel_tool_calls,
+        "previous_response_id": req.previous_response_id,
+    }

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -47,11 +48,38 @@ class ResponseRun:
         self.builder = EventBuilder(response, self._append)
         self._decoder: Decoder | None = generation.decoder(self.builder)
         self._replay: Mapping[str, Any] = {}
-        self._source = source
+        self._source: TokenSource | None = source
         self._gen: Generation | None = generation  # dropped when the run ends (see _release)
         self._changed = asyncio.Event()
         self.done = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
+        self.timings: dict[str, float] = {}  # the engine's, seconds: queued, prefill, total
+        self.on_done: Callable[[], None] | None = None  # called as it ends, before ``done``
+
+    @classmethod
+    def restored(
+        cls,
+        response: Response,
+        *,
+        events: list[ResponseStreamEvent],
+        replay: Mapping[str, Any],
+        timings: Mapping[str, float],
+    ) -> ResponseRun:
+        """A finished run read back from the database: nothing to generate, events to replay."""
+        run = cls.__new__(cls)
+        run.events = events
+        run.builder = EventBuilder(response, run._append)
+        run._decoder = None
+        run._replay = dict(replay)
+        run._source = None
+        run._gen = None
+        run._changed = asyncio.Event()
+        run.done = asyncio.Event()
+        run.done.set()
+        run.task = None
+        run.timings = dict(timings)
+        run.on_done = None
+        return run
 
     @property
     def response(self) -> Response:
@@ -96,12 +124,17 @@ class ResponseRun:
         return self.response
 
     async def follow(self, after: int = -1) -> AsyncIterator[ResponseStreamEvent]:
-        """Events with sequence number > ``after``, live until the run ends."""
+        """Events with sequence number > ``after``, live until the run ends.
+
+        The reader holds the log it started on: a finished non-background run drops its log
+        from the store (``events = []``) while a slow reader may still be reading it.
+        """
         index = after + 1
+        events = self.events
         while True:
             changed = self._changed
-            while index < len(self.events):
-                yield self.events[index]
+            while index < len(events):
+                yield events[index]
                 index += 1
             if self.done.is_set():
                 return
@@ -111,8 +144,9 @@ class ResponseRun:
 
     async def _run(self) -> None:
         b = self.builder
-        decoder, gen = self._decoder, self._gen
-        assert decoder is not None and gen is not None, "a run starts once"
+        decoder, gen, source = self._decoder, self._gen, self._source
+        assert decoder is not None and gen is not None and source is not None, "a run starts once"
+        started = time.perf_counter()
         stats = GenerationStats()  # summed over rounds
         prompt = list(gen.prompt_ids)
         output_tokens = 0
@@ -122,7 +156,7 @@ class ResponseRun:
             while True:
                 budget = min(
                     gen.params.max_tokens - output_tokens,
-                    self._source.context_length - len(prompt),
+                    source.context_length - len(prompt),
                 )
                 if budget < 1:
                     finish = "length"
@@ -132,7 +166,7 @@ class ResponseRun:
                 generated: list[int] = []
                 try:
                     finish, error = await self._round(
-                        decoder, prompt, params, round_stats, generated
+                        source, decoder, prompt, params, round_stats, generated
                     )
                 finally:
                     output_tokens += len(generated)
@@ -168,12 +202,17 @@ class ResponseRun:
         finally:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await decoder.aclose()
+            self.timings = _timings(stats, started)
             self._release()
+            if self.on_done is not None:
+                with contextlib.suppress(Exception):
+                    self.on_done()
             self.done.set()
             self._append_nothing()
 
     async def _round(
         self,
+        source: TokenSource,
         decoder: Decoder,
         prompt: list[int],
         params: SamplingParams,
@@ -182,7 +221,7 @@ class ResponseRun:
     ) -> tuple[str, str | None]:
         """One engine request; feeds the decoder, fills ``generated``; (finish, error)."""
         finish, error = "stop", None
-        steps = self._source.generate(prompt, params, stats)
+        steps = source.generate(prompt, params, stats)
         try:
             async for step in steps:
                 logprobs = step.logprobs or ()
@@ -206,6 +245,15 @@ class ResponseRun:
         changed.set()
 
 
+def _timings(stats: GenerationStats, started: float) -> dict[str, float]:
+    """The engine's timings of the first round, time to first token and the whole run."""
+    timings = {k: round(v, 6) for k, v in stats.timings.items()}
+    if stats.first_token_time is not None:
+        timings["first_token_s"] = round(stats.first_token_time - started, 6)
+    timings["wall_s"] = round(time.perf_counter() - started, 6)
+    return timings
+
+
 def _add_stats(total: GenerationStats, one: GenerationStats, prompt_tokens: int) -> None:
     """Usage over rounds: every round's prompt is input again (most of it cached), as OpenAI
     counts a response that called built-in tools."""
@@ -214,3 +262,5 @@ def _add_stats(total: GenerationStats, one: GenerationStats, prompt_tokens: int)
     total.output_tokens += one.output_tokens
     if total.first_token_time is None:
         total.first_token_time = one.first_token_time
+    for key, value in one.timings.items():
+        total.timings.setdefault(key, value)

@@ -7,6 +7,10 @@ counts each item once however many records hold it, and frees its bytes only whe
 them goes: the byte bound is a bound on what is really held (``footprint``: memory, not JSON
 length, which is several times smaller).
 Responses still running are never evicted; evicting one only forgets it here.
+
+With a ``ResponseDatabase`` behind it the LRU is a cache: every stored response is written to
+SQLite (as started, then as finished, by the database's writer thread), and a response not in
+memory (evicted, or from before a restart, or from another process) is read from there.
 """
 
 from __future__ import annotations
@@ -15,53 +19,28 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from nbresponses.protocol.items import InputItem
+from nbresponses.service.codec import from_rows, to_row
+from nbresponses.service.database import RUNNING, ResponseDatabase
 from nbresponses.service.footprint import footprint
-from nbresponses.service.run import ResponseRun
+from nbresponses.service.record import Record
 
-
-@dataclass
-class Record:
-    run: ResponseRun
-    input: list[InputItem]
-    context: list[Any]  # conversation before this request: ancestors' inputs and outputs
-    size: int = 0
-    background: bool = False
-
-    def history(self) -> list[Any]:
-        """The conversation through this response's output: what a child continues from.
-
-        Output items are taken as the model saw them (``decoder.replay``): e.g. a code
-        interpreter call keeps its logs for the next turn even when the response leaves its
-        ``outputs`` out.
-        """
-        replay = self.run.replay
-        output = [replay.get(getattr(i, "id", None) or "", i) for i in self.run.response.output]
-        return [*self.context, *self.input, *output]
-
-    def items(self) -> list[Any]:
-        """Every item object this record holds (shared ones included)."""
-        return [*self.context, *self.input, *self.run.response.output, *self.run.replay.values()]
-
-    def measure(self) -> int:
-        """Bytes of what is this record's alone: the response (its output counted as items)
-        and, for background responses, the replayable events."""
-        run = self.run
-        response = run.response
-        seen = {id(response.output), *(id(i) for i in self.items())}
-        if not self.background:
-            seen.add(id(run.events))  # emptied when it finished: only a background one replays
-        own = [response, run.events, vars(self), *run.state()]  # context: its list, not items
-        self.size = footprint(own, seen)
-        return self.size
+__all__ = ["Record", "ResponseStore"]
 
 
 class ResponseStore:
     """LRU over records; ``get`` refreshes recency, ``put`` evicts finished records past a bound."""
 
-    def __init__(self, max_responses: int = 1000, max_bytes: int = 64 * 2**20) -> None:
+    def __init__(
+        self,
+        max_responses: int = 1000,
+        max_bytes: int = 64 * 2**20,
+        database: ResponseDatabase | None = None,
+    ) -> None:
         self.max_responses = max_responses
         self.max_bytes = max_bytes
+        self.database = database
+        if database is not None:
+            database.store = self
         self._records: OrderedDict[str, Record] = OrderedDict()
         self._counted: dict[str, list[Any]] = {}  # record id -> the items it counts
         self._items: dict[int, _Shared] = {}  # id(item) -> size and number of counting records
@@ -79,25 +58,62 @@ class ResponseStore:
         return self._bytes
 
     def get(self, response_id: str) -> Record | None:
+        """The record, from memory or else from the database (without its ancestors)."""
         record = self._records.get(response_id)
         if record is not None:
             self._records.move_to_end(response_id)
+            return record
+        return self._load(response_id, chain=False)
+
+    def parent(self, response_id: str) -> Record | None:
+        """The record with the conversation before it, to continue from."""
+        record = self.get(response_id)
+        if record is not None and record.partial:
+            record = self._load(response_id, chain=True)
+        return record
+
+    def _load(self, response_id: str, *, chain: bool) -> Record | None:
+        database = self.database
+        if database is None:
+            return None
+        pending = database.pending(response_id)
+        if pending is not None and (pending.delete or pending.record is not None):
+            return None if pending.delete else pending.record  # the queued write holds it
+        rows = database.load(response_id, chain=chain)
+        if not rows:
+            return None
+        record = from_rows(rows, chain=chain)
+        if record.run.response.status not in RUNNING:  # another process's live one may change
+            self._records[response_id] = record
+            self.settled(record, write=False)
         return record
 
     def put(self, record: Record) -> None:
         self._records[record.run.id] = record
         self._records.move_to_end(record.run.id)
+        if self.database is not None:
+            row = {**to_row(record), "owner": self.database.owner}  # as started: small
+            self.database.write(record.run.id, lambda: row, record)
         self.evict()
 
     def remove(self, response_id: str) -> Record | None:
+        """Forget a response here and on disk (``delete``)."""
+        record = self._forget(response_id)
+        if self.database is not None:
+            self.database.delete(response_id)
+        return record
+
+    def _forget(self, response_id: str) -> Record | None:
         record = self._records.pop(response_id, None)
         if record is not None:
             self._uncount(record)
         return record
 
-    def settled(self, record: Record) -> None:
-        """A stored run finished: count it and enforce the bounds."""
+    def settled(self, record: Record, *, write: bool = True) -> None:
+        """A stored run finished: write it, count it and enforce the bounds."""
         if record.run.id in self._records and record.run.id not in self._counted:
+            if write and self.database is not None:
+                self.database.write(record.run.id, lambda: to_row(record), record)
             self._bytes += record.measure()
             items = record.items()
             for item in items:
@@ -125,9 +141,9 @@ class ResponseStore:
         for key in list(self._records):
             if len(self._records) <= self.max_responses and self._bytes <= self.max_bytes:
                 return
-            if not self._records[key].run.done.is_set():
+            if key not in self._counted:
                 continue  # never drop a response that is still running
-            self.remove(key)
+            self._forget(key)  # out of memory; on disk it stays
 
 
 @dataclass

@@ -126,6 +126,20 @@ WEATHER = {
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>'
 
 
+async def test_a_slow_reader_gets_every_event(tokenizer):
+    """The run finishes (and the store drops its event log) long before a reader that
+    pauses between events is through: the reader still gets all of them."""
+    client, _ = client_for(tokenizer, "Hello there, friend, how are you today?")
+    fast = await stream_events(client, input="hi")
+    stream = await client.responses.create(input="hi", stream=True)
+    slow = []
+    async for event in stream:
+        slow.append(event)
+        await asyncio.sleep(0.005)
+    assert [e.type for e in slow] == [e.type for e in fast]
+    assert slow[-1].type == "response.completed"
+
+
 async def test_tool_call_streamed_and_prompted(tokenizer):
     client, source = client_for(tokenizer, "Checking.\n" + CALL)
     events = await stream_events(client, input="Weather in Zürich?", tools=[WEATHER])
