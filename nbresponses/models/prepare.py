@@ -12,6 +12,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from nbresponses._extras import require
 from nbresponses.models.cache import (
     build_once,
     cache_root,
@@ -99,6 +100,8 @@ def prepare_model(
     candidates = ALIASES.get(recipe_name, (recipe_name,))
     # Already prepared: no progress bar at all (a bar that flashes 0/3 in every notebook misleads).
     cached = is_complete(export_dir) and is_complete(_recipe_dir(source, candidates[0], root))
+    if not cached:
+        _require_export(source)  # before any bar: running a prepared model needs no torch
     stages = Stages(f"prepare {source.name}", 3, enabled=progress and not cached)
     finished = False
     with library_progress_bars(progress):
@@ -125,7 +128,14 @@ def prepare_model(
             stages.close(finished=finished)
 
 
+def _require_export(source: ModelSource) -> None:
+    require(
+        "export", f"Preparing {source.name} (export to ONNX and quantize; not in the cache yet)"
+    )
+
+
 def _build_export(source: ModelSource, tmp: Path, progress: bool) -> None:
+    _require_export(source)
     timings: dict[str, float] = {}
     sub = Stages("export", 3, enabled=progress)
     try:
@@ -167,6 +177,7 @@ def _prepare_recipe(
     key = final.name.rsplit("-", 1)[-1]
 
     def build(tmp: Path) -> None:
+        _require_export(source)
         timings = dict(export_manifest.get("timings", {}))
         with stages.stage(f"quantize {recipe_name}"):
             start = time.perf_counter()
