@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -31,7 +32,7 @@ from nbresponses.models.export import (
 from nbresponses.models.fidelity import measure_fidelity
 from nbresponses.models.fused import UnsupportedArchitecture
 from nbresponses.models.prepared import PreparedModel
-from nbresponses.models.progress import Stages, library_progress_bars
+from nbresponses.models.progress import Stages, quiet_library_bars
 from nbresponses.models.recipes import ALIASES, AUTO, FIDELITY_BAR, MODEL_FILE, get_recipe
 from nbresponses.models.sources import ModelSource, resolve_source
 
@@ -99,15 +100,19 @@ def prepare_model(
     export_dir = root / "exports" / f"{source.name}-{_key(source.content_hash, EXPORT_VERSION)}"
     candidates = ALIASES.get(recipe_name, (recipe_name,))
     # Already prepared: no progress bar at all (a bar that flashes 0/3 in every notebook misleads).
-    cached = is_complete(export_dir) and is_complete(_recipe_dir(source, candidates[0], root))
+    # Otherwise one bar, one step per stage (load, export, quantize, evaluate); the libraries'
+    # own bars (transformers' GGUF de-quantization, ...) stay off: nested bars tangle.
+    exported = is_complete(export_dir)
+    cached = exported and is_complete(_recipe_dir(source, candidates[0], root))
     if not cached:
         _require_export(source)  # before any bar: running a prepared model needs no torch
-    stages = Stages(f"prepare {source.name}", 3, enabled=progress and not cached)
+    stages = Stages(
+        f"prepare {source.name}", (0 if exported else 2) + 2, enabled=progress and not cached
+    )
     finished = False
-    with library_progress_bars(progress):
+    with contextlib.nullcontext() if cached else quiet_library_bars():
         try:
-            with stages.stage("export"):
-                build_once(export_dir, lambda tmp: _build_export(source, tmp, progress))
+            build_once(export_dir, lambda tmp: _build_export(source, tmp, stages))
             for index, name in enumerate(candidates):
                 if index:
                     stages.extend(2)  # quantize + evaluate the next, more faithful recipe
@@ -134,21 +139,15 @@ def _require_export(source: ModelSource) -> None:
     )
 
 
-def _build_export(source: ModelSource, tmp: Path, progress: bool) -> None:
+def _build_export(source: ModelSource, tmp: Path, stages: Stages) -> None:
     _require_export(source)
-    timings: dict[str, float] = {}
-    sub = Stages("export", 3, enabled=progress)
-    try:
-        with sub.stage("load"):
-            tokenizer = load_tokenizer(source)
-            hf_folder = materialize_hf_folder(source, tmp / "_hf")
-        with sub.stage("export"):
-            export_onnx(hf_folder, tmp, tokenizer)
-        with sub.stage("clean"):
-            shutil.rmtree(tmp / "_hf", ignore_errors=True)
-        timings = sub.timings
-    finally:
-        sub.close(finished=bool(timings))
+    with stages.stage("load"):
+        tokenizer = load_tokenizer(source)
+        hf_folder = materialize_hf_folder(source, tmp / "_hf")
+    with stages.stage("export"):
+        export_onnx(hf_folder, tmp, tokenizer)
+        shutil.rmtree(tmp / "_hf", ignore_errors=True)
+    timings = {name: stages.timings[name] for name in ("load", "export")}
     write_manifest(
         tmp,
         {
