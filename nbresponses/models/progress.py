@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib
 import time
 from collections.abc import Iterator
 
@@ -39,16 +41,43 @@ class Stages:
         self._bar.close()
 
 
+# Bars that libraries draw with a plain tqdm no setting turns off: (module, its tqdm name).
+# transformers' GGUF loader shows one per load ("Converting and de-quantizing GGUF tensors").
+_PLAIN_TQDM = (("transformers.modeling_gguf_pytorch_utils", "tqdm"),)
+
+
 @contextlib.contextmanager
-def library_progress_bars(enabled: bool) -> Iterator[None]:
-    """Let transformers' own bars (e.g. GGUF de-quantization) show only when ``enabled``."""
+def quiet_library_bars() -> Iterator[None]:
+    """Turn off the progress bars of transformers (GGUF de-quantization, checkpoint loading) and
+    huggingface_hub while preparing: our stage bar is the one bar, and ``progress=False`` shows
+    none. Each is restored as it was."""
+    from huggingface_hub.utils import (
+        are_progress_bars_disabled,
+        disable_progress_bars,
+        enable_progress_bars,
+    )
     from transformers.utils import logging as hf_logging
 
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    if not enabled and was_enabled:
-        hf_logging.disable_progress_bar()
+    transformers_on = hf_logging.is_progress_bar_enabled()
+    hub_on = not are_progress_bars_disabled()
+    hf_logging.disable_progress_bar()
+    disable_progress_bars()
+    patched = []
+    for module_name, attribute in _PLAIN_TQDM:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:  # another version of the library: nothing to silence there
+            continue
+        original = getattr(module, attribute, None)
+        if original is not None:
+            setattr(module, attribute, functools.partial(original, disable=True))
+            patched.append((module, attribute, original))
     try:
         yield
     finally:
-        if not enabled and was_enabled:
+        for module, attribute, original in patched:
+            setattr(module, attribute, original)
+        if transformers_on:
             hf_logging.enable_progress_bar()
+        if hub_on:
+            enable_progress_bars()
