@@ -72,6 +72,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--grace", type=float, default=10.0, help="seconds in-flight work may finish on shutdown"
     )
+    serve.add_argument(
+        "--store",
+        default=None,
+        metavar="PATH",
+        help="SQLite file of stored responses, shared with notebooks on this machine "
+        "(default: $NBRESPONSES_STORE, else responses.sqlite3 in the user data dir); "
+        "'memory' keeps them in this process only, 'off' keeps none",
+    )
     return parser
 
 
@@ -153,6 +161,7 @@ def serve(
     port: int = 8000,
     api_key: str | None = None,
     cache_dir: str | None = None,
+    store: str | None = None,
     **server_options: Any,
 ) -> None:
     """Serve ``model`` (default: the bundled one) at ``http://HOST:PORT/v1`` until interrupted;
@@ -172,7 +181,7 @@ def serve(
         )
 
     async def run() -> None:
-        engine = await Engine.load(model, quantization, cache_dir=cache_dir)
+        engine = await Engine.load(model, quantization, cache_dir=cache_dir, store_path=store)
         try:
             server = make_server(
                 engine.client(), host=host, port=port, api_key=api_key, **server_options
@@ -192,6 +201,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         port=args.port,
         api_key=args.api_key,
         cache_dir=args.cache_dir,
+        store=args.store,
         grace=args.grace,
     )
     return 0

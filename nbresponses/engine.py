@@ -17,6 +17,7 @@ from openai.types.responses import Response
 from nbresponses.models.prepared import PreparedModel
 from nbresponses.runtime.generator import TokenGenerator
 from nbresponses.service.client import AsyncResponsesClient
+from nbresponses.service.database import StorePath
 
 if TYPE_CHECKING:
     from nbresponses.server.inprocess import InProcessServer
@@ -32,8 +33,12 @@ class Engine:
     """
 
     def __init__(self, generator: TokenGenerator, **client_options: Any) -> None:
+        """``client_options`` go to ``AsyncResponsesClient``: the store's bounds and place
+        (``store_path``: by default the SQLite file in the user's data dir)."""
         self.generator = generator
         self._inprocess: InProcessServer | None = None
+        client_options.setdefault("store_path", None)
+        client_options.setdefault("provenance", _provenance(generator.prepared))
         self._client = AsyncResponsesClient(
             generator,
             generator.tokenizer,
@@ -50,14 +55,22 @@ class Engine:
         *,
         cache_dir: str | os.PathLike[str] | None = None,
         progress: bool = True,
+        store_path: StorePath = None,
         store_max_responses: int = 1000,
         store_max_bytes: int = 64 * 2**20,
+        store_keep_days: float | None = None,
+        store_max_disk_bytes: int | None = None,
         **engine_options: Any,
     ) -> Engine:
         """Prepare (once, cached) and load ``model`` — by default the bundled SmolLM2.
 
         ``quantization`` is a recipe name, ``"auto"`` (the fastest with >= 95% top-1
         agreement with fp32) or ``"analysis"`` (fp32 weights: logprobs for analysis).
+        Stored responses are kept in a SQLite file, ``store_path`` (default:
+        ``$NBRESPONSES_STORE``, else ``responses.sqlite3`` in the user's data dir; "memory"
+        keeps them in this kernel only, "off" keeps none), for ``store_keep_days`` and up to
+        ``store_max_disk_bytes`` (default: no limit); ``store_max_responses`` /
+        ``store_max_bytes`` bound the copies held in memory.
         ``engine_options`` go to the token engine (``max_batch_size``,
         ``kv_budget_bytes``, ``prefix_cache_bytes``, ``threads``).
         """
@@ -66,8 +79,11 @@ class Engine:
         )
         return cls(
             generator,
+            store_path=store_path,
             store_max_responses=store_max_responses,
             store_max_bytes=store_max_bytes,
+            store_keep_days=store_keep_days,
+            store_max_disk_bytes=store_max_disk_bytes,
         )
 
     @property
@@ -189,9 +205,11 @@ class Engine:
         return frame
 
     async def aclose(self) -> None:
-        """Stop the decode thread; unfinished requests end as cancelled."""
+        """Stop the decode thread; unfinished requests end as cancelled; the stored responses
+        are written out and the store's file closed."""
         if self._inprocess is not None:
             await asyncio.to_thread(self._inprocess.close)
+        await self._client.aclose()
         await self.generator.aclose()
 
     close = aclose
@@ -233,7 +251,9 @@ class Engine:
             "context": f"{self.generator.context_length} tokens",
             "prefix cache": self._cache_line(),
             "stored responses": (
-                f"{len(store)}, {store.bytes / 2**20:.1f} of {store.max_bytes / 2**20:.0f} MiB"
+                f"{len(store)} in memory, {store.bytes / 2**20:.1f} of "
+                f"{store.max_bytes / 2**20:.0f} MiB"
+                + (f"; kept in {store.database.path}" if store.database is not None else "")
             ),
             "folder": str(self.prepared.path),
         }
@@ -243,3 +263,16 @@ class Engine:
             for k, v in rows.items()
         )
         return f"<table><caption>nbresponses Engine</caption>{body}</table>"
+
+
+def _provenance(prepared: PreparedModel) -> dict[str, Any]:
+    """What each stored response records of the model that made it."""
+    manifest = prepared.manifest
+    source = manifest.get("source") or {}
+    return {
+        "model": prepared.name,
+        "recipe": prepared.recipe,
+        "model_hash": manifest.get("key"),
+        "weights_hash": source.get("content_hash"),
+        "source": source.get("hub_id") or source.get("kind"),
+    }

@@ -6,7 +6,10 @@ CI on a fresh machine prepares everything once per run.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,10 @@ from helpers.paths import TEST_CACHE
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Engines keep responses in a SQLite file; the tests' go to one of their own, never the user's.
+_STORE_DIR = tempfile.mkdtemp(prefix="nbr-test-store-")
+atexit.register(shutil.rmtree, _STORE_DIR, ignore_errors=True)
+os.environ.setdefault("NBRESPONSES_STORE", os.path.join(_STORE_DIR, "responses.sqlite3"))
 
 
 @pytest.fixture(scope="session")

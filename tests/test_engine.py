@@ -83,6 +83,35 @@ async def test_the_view_folds_an_engine_stream(tiny_engine) -> None:
 
 
 @pytest.mark.integration
+async def test_a_restarted_engine_keeps_its_responses(tiny_source, cache_dir, tmp_path) -> None:
+    """Close the engine (a kernel restart), load it again on the same file: the stored
+    response is equal, its chain continues, the history lists both with the model's hash."""
+    path = tmp_path / "responses.sqlite3"
+    options = {"cache_dir": cache_dir, "progress": False, "store_path": path}
+    engine = await Engine.load(tiny_source, "fp32", **options)
+    try:
+        first = await engine.client().responses.create(
+            input="Hello", max_output_tokens=8, temperature=0, top_logprobs=3,
+            include=["message.output_text.logprobs"],
+        )  # fmt: skip
+    finally:
+        await engine.aclose()
+    engine = await Engine.load(tiny_source, "fp32", **options)
+    try:
+        client = engine.client()
+        assert await client.responses.retrieve(first.id) == first
+        second = await client.responses.create(
+            input="Again", previous_response_id=first.id, max_output_tokens=4, temperature=0
+        )
+        assert second.usage.input_tokens > first.usage.input_tokens  # the first turn is in it
+        frame = nbr.history(engine)
+        assert list(frame["id"]) == [second.id, first.id]
+        assert frame["model_hash"].iloc[0] == engine.prepared.manifest["key"]
+        assert frame["recipe"].iloc[0] == "fp32"
+    finally:
+        await engine.aclose()
+
+
 async def test_bundled_model_answers_sensibly(bundled_model, cache_dir) -> None:
     engine = await Engine.load(bundled_model.path, progress=False)
     try:

@@ -97,6 +97,15 @@ class AsyncResponsesClient:
         if self.store.database is not None:
             self.store.database.close()
 
+    async def aclose(self, timeout: float = 10.0) -> None:
+        """Cancel the stored responses still running (kept as cancelled), then ``close``."""
+        runs = [record.run for record in self.store.running()]
+        for run in runs:
+            run.cancel()
+        if runs:
+            await asyncio.wait([asyncio.ensure_future(run.wait()) for run in runs], timeout=timeout)
+        await asyncio.to_thread(self.close)
+
 
 class AsyncInputItems:
     """``client.responses.input_items``."""

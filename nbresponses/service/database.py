@@ -587,10 +587,8 @@ class ResponseDatabase:
             "responses": self.count(),
             "file_bytes": size,
             "pending": pending,
-            "written": self.written,
-            "write_ms_per_response": 1000 * self.write_seconds / self.written
-            if self.written
-            else None,
+            "written": self.written,  # rows (a response is written as started and as ended)
+            "write_seconds": self.write_seconds,
             "error": self.error,
             "writable": self.writable,
         }

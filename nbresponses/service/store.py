@@ -88,6 +88,10 @@ class ResponseStore:
             self.settled(record, write=False)
         return record
 
+    def running(self) -> list[Record]:
+        """The records of this process still generating."""
+        return [r for key, r in self._records.items() if key not in self._counted and r.run.task]
+
     def put(self, record: Record) -> None:
         self._records[record.run.id] = record
         self._records.move_to_end(record.run.id)

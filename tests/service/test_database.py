@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import signal
 import sqlite3
 import subprocess
 import sys
+import tracemalloc
 import warnings
 from pathlib import Path
 
@@ -401,3 +403,55 @@ def test_rows_hold_the_provenance(tokenizer, db_path, clients):
     )
     assert (recipe, digest) == ("q8", "abc")
     assert "wall_s" in json.loads(engine)["timings"]
+
+
+async def test_frames_read_ids_and_history_frames(tokenizer, db_path, clients, monkeypatch):
+    import pandas as pd
+
+    import nbresponses as nbr
+    from nbresponses.service.history import history
+
+    client, _ = open_client(clients, tokenizer, db_path, "Paris is the capital.", "Rome.")
+    made = [
+        await client.responses.create(
+            input=q, include=["message.output_text.logprobs"], top_logprobs=2
+        )
+        for q in ("France?", "Italy?")
+    ]
+    direct = nbr.logprobs_frame(made)
+    pd.testing.assert_frame_equal(nbr.logprobs_frame([r.id for r in made]), direct)
+    by_history = nbr.logprobs_frame(history(db_path).iloc[::-1])  # oldest first, as made
+    pd.testing.assert_frame_equal(by_history, direct)
+    with pytest.raises(KeyError, match="resp_nowhere"):
+        nbr.logprobs_frame("resp_nowhere")
+    client.close()
+    monkeypatch.setenv("NBRESPONSES_STORE", str(db_path))  # a new kernel: the default file
+    clients.remove(client)
+    client.store.database = None
+    pd.testing.assert_frame_equal(nbr.logprobs_frame(made[0].id), nbr.logprobs_frame(made[0]))
+
+
+@pytest.mark.slow
+async def test_memory_stays_flat_over_a_thousand_stored_responses(tokenizer, db_path, clients):
+    client, source = open_client(
+        clients, tokenizer, db_path, "An answer of a few words.", store_max_responses=20
+    )
+
+    async def requests(count):
+        for i in range(count):
+            await client.responses.create(input=f"question {i}")
+        source.prompts.clear()  # the test double's own record
+        source.params.clear()
+        assert client.flush()
+        gc.collect()
+        return tracemalloc.get_traced_memory()[0]
+
+    await requests(100)  # warm: first-call caches
+    tracemalloc.start()
+    try:
+        after_200 = await requests(200)
+        after_1000 = await requests(800)
+    finally:
+        tracemalloc.stop()
+    assert after_1000 - after_200 < 100_000, (after_200, after_1000)  # a response is ~5 KB
+    assert client.store.database.count() == 1100 and len(client.store) == 20
