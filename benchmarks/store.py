@@ -129,8 +129,10 @@ def fill(path: Path, count: int) -> tuple[list[str], float]:
     for i in range(count):
         template = rows[i % len(rows)]
         new_id = f"resp_{i:048x}"
+        rare = " narwhal" if i % 1000 == 0 else ""  # a word in 0.1% of the rows
         row = {
             **template,
+            "input_text": template["input_text"] + rare,
             "id": new_id,
             "created_at": start_time + i * (86400 * 30 / count),
             "response": template["response"].replace(template["id"], new_id),
@@ -174,7 +176,8 @@ async def queries(path: Path, ids: list[str]) -> dict[str, float]:
         "history_status_ms": timed(lambda: history(path, status="completed", limit=100)),
         "history_metadata_ms": timed(lambda: history(path, metadata={"experiment": "e3"})),
         "history_day_ms": timed(lambda: history(path, since=middle, until=middle + 86400)),
-        "history_search_ms": timed(lambda: history(path, search="walrus entropy", limit=100)),
+        "history_search_rare_ms": timed(lambda: history(path, search="narwhal")),
+        "history_search_common_ms": timed(lambda: history(path, search="walrus", limit=100)),
         "history_all_ms": timed(lambda: history(path, limit=None), repeat=1),
     }
 

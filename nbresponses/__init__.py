@@ -34,6 +34,7 @@ _LAZY: dict[str, str] = {
     "compare": "nbresponses.frames",
     "option_likelihoods": "nbresponses.frames",
     "history": "nbresponses.service.history",
+    "StoreWarning": "nbresponses.service.database",
 }
 
 # names that need the engine extra (the rest work in the light install)

@@ -123,14 +123,19 @@ class ResponseRun:
         await self.done.wait()
         return self.response
 
-    async def follow(self, after: int = -1) -> AsyncIterator[ResponseStreamEvent]:
+    def follow(self, after: int = -1) -> AsyncIterator[ResponseStreamEvent]:
         """Events with sequence number > ``after``, live until the run ends.
 
-        The reader holds the log it started on: a finished non-background run drops its log
-        from the store (``events = []``) while a slow reader may still be reading it.
+        The reader holds the log as it is when ``follow`` is called (not at its first read):
+        a finished non-background run drops its log from the store (``events = []``) while
+        a stream created before may not have read it yet.
         """
+        return self._follow(self.events, after)
+
+    async def _follow(
+        self, events: list[ResponseStreamEvent], after: int
+    ) -> AsyncIterator[ResponseStreamEvent]:
         index = after + 1
-        events = self.events
         while True:
             changed = self._changed
             while index < len(events):

@@ -138,6 +138,9 @@ async def test_a_slow_reader_gets_every_event(tokenizer):
         await asyncio.sleep(0.005)
     assert [e.type for e in slow] == [e.type for e in fast]
     assert slow[-1].type == "response.completed"
+    late = await client.responses.create(input="hi", stream=True)
+    await client.store.get(late.response_id).run.wait()  # done before the first read
+    assert [e.type async for e in late] == [e.type for e in fast]
 
 
 async def test_tool_call_streamed_and_prompted(tokenizer):
