@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import math
 import shutil
 import threading
 from pathlib import Path
@@ -702,5 +703,97 @@ def test_a_long_answer_streams_within_the_frame_budget(browser: Any, heat: bool)
     worst, median = work[-1], work[len(work) // 2]
     print(f"\n{tokens:,} tokens, {len(work)} frames: median {median:.1f} ms, max {worst:.1f} ms")
     assert worst <= FRAME_BUDGET_MS, (median, worst)
+    assert page.errors == []
+    page.page.close()
+
+
+# WCAG 2 contrast, measured on what the page computed: colours with alpha are composited over
+# the view's background; an edge (an inset box-shadow) counts where it is drawn.
+CONTRAST_JS = """
+(el) => {
+  const parse = (s) => {
+    const m = /rgba?\\(([\\d.]+),\\s*([\\d.]+),\\s*([\\d.]+)(?:,\\s*([\\d.]+))?/.exec(s || "");
+    return m ? [+m[1], +m[2], +m[3], m[4] === undefined ? 1 : +m[4]] : null;
+  };
+  const over = (c, bg) => c.slice(0, 3).map((v, i) => v * c[3] + bg[i] * (1 - c[3]));
+  const lum = (c) => {
+    const f = (v) => ((v /= 255) <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4);
+    return 0.2126 * f(c[0]) + 0.7152 * f(c[1]) + 0.0722 * f(c[2]);
+  };
+  const ratio = (a, b) => {
+    const [x, y] = [lum(a), lum(b)];
+    return (Math.max(x, y) + 0.05) / (Math.min(x, y) + 0.05);
+  };
+  const root = el.closest(".nbr-root");
+  const page = parse(getComputedStyle(document.body).backgroundColor);
+  const view = over(parse(getComputedStyle(root).backgroundColor), page);
+  const style = getComputedStyle(el);
+  const fill = over(parse(style.backgroundColor), view);
+  const shadow = style.boxShadow;
+  const edge = shadow && shadow !== "none" ? over(parse(shadow), view) : null;
+  return { text: ratio(over(parse(style.color), fill), fill), fill: ratio(fill, view),
+           edge: edge ? ratio(edge, view) : 0, width: el.getBoundingClientRect().width };
+}
+"""
+
+
+def _sweep_events() -> list[dict[str, Any]]:
+    """Tokens at probabilities from 0.001 to 1, each with alternatives from 0.3 to 0.001."""
+    events = _logprob_events()[:3]
+    probabilities = [0.001, 0.005, 0.01, 0.02, 0.05] + [k / 40 for k in range(1, 41)]
+    alternatives = [0.3, 0.1, 0.03, 0.01, 0.001]
+    for k, p in enumerate(probabilities):
+        token = f" t{k}"
+        top = [{"token": token, "logprob": math.log(p)}]
+        top += [{"token": f" a{j}", "logprob": math.log(q)} for j, q in enumerate(alternatives)]
+        lp = {"token": token, "logprob": math.log(p), "top_logprobs": top}
+        events.append(
+            {
+                "type": "response.output_text.delta",
+                "output_index": 0,
+                "content_index": 0,
+                "delta": token,
+                "logprobs": [lp],
+            }
+        )
+    return events
+
+
+@pytest.mark.parametrize("dark", [False, True], ids=["light", "dark"])
+def test_heat_map_tokens_and_bars_keep_their_contrast(browser: Any, dark: bool) -> None:
+    """Issue 18: in dark mode unlikely tokens (dark purple) vanished into the background and
+    the alternatives' bars (1 px wide, same colours) with them; mid-scale tokens had white
+    text at 4.1:1. Text on every token >= 4.5:1 (WCAG AA); every unlikely token, and every
+    bar, stands out from the background at >= 3:1 (WCAG graphics), its fill or its edge;
+    bars at least 4 px wide."""
+    initial, messages, view = replay(_sweep_events())
+    page = Page(browser, dark=dark)
+    wid = page.mount({"_snapshot": initial})
+    page.deliver(wid, messages)
+    root = page.root(wid)
+    root.locator(".nbr-heat-toggle").click()
+    page.page.evaluate("window.harness.frames()")
+    tokens = root.locator(".nbr-token")
+    probabilities = [
+        math.exp(lp["logprob"])
+        for lp in view.state["response"]["output"][0]["content"][0]["logprobs"]
+    ]
+    assert tokens.count() == len(probabilities) == 45
+    measured = tokens.evaluate_all(f"els => els.map({CONTRAST_JS})")
+    text = min(m["text"] for m in measured)
+    pairs = zip(measured, probabilities, strict=True)
+    unlikely = min(max(m["fill"], m["edge"]) for m, p in pairs if p < 0.5)
+    tokens.nth(0).hover()
+    bars = root.locator(".nbr-tip-bar")
+    assert bars.count() == 6
+    shown = bars.evaluate_all(f"els => els.map({CONTRAST_JS})")
+    bar = min(max(m["fill"], m["edge"]) for m in shown)
+    width = min(m["width"] for m in shown)
+    print(
+        f"\n{'dark' if dark else 'light'}: token text >= {text:.2f}, unlikely tokens >= "
+        f"{unlikely:.2f}, bars >= {bar:.2f} and {width:.0f} px"
+    )
+    page.shot(wid, f"view-heatmap-contrast-{'dark' if dark else 'light'}.png")
+    assert text >= 4.5 and unlikely >= 3 and bar >= 3 and width >= 4
     assert page.errors == []
     page.page.close()
