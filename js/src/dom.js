@@ -30,3 +30,14 @@ export function genericJson(value) {
   );
   return h("pre", { class: "nbr-json" }, text ?? String(value));
 }
+
+// Make `nodes` the children of `parent`, leaving in place those already there: a node taken
+// out and put back loses its layout, and a long answer's costs its whole length to redo.
+export function syncChildren(parent, nodes) {
+  let i = 0;
+  for (; i < nodes.length; i++) {
+    const at = parent.childNodes[i];
+    if (at !== nodes[i]) parent.insertBefore(nodes[i], at || null);
+  }
+  while (parent.childNodes.length > nodes.length) parent.lastChild.remove();
+}

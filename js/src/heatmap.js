@@ -15,9 +15,27 @@ export function viridis(p) {
 }
 
 const rgb = (c) => `rgb(${c[0]}, ${c[1]}, ${c[2]})`;
-function luminance([r, g, b]) {
+export function luminance([r, g, b]) {
   const lin = (v) => ((v /= 255) <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4);
   return 0.2126 * lin(r) + 0.7152 * lin(g) + 0.0722 * lin(b);
+}
+// WCAG contrast ratio of two colours
+export function contrast(a, b) {
+  const [x, y] = [luminance(a), luminance(b)];
+  return (Math.max(x, y) + 0.05) / (Math.min(x, y) + 0.05);
+}
+// Black or white, whichever reads better on `colour` (at least 4.58:1 on any colour).
+const ink = (colour) => (luminance(colour) > 0.179 ? "#000" : "#fff");
+// A colour drawn on `background` that would nearly vanish into it (under 3:1, the WCAG
+// minimum for graphics) gets an edge in the muted text colour.
+const EDGE = 3;
+// The colour a view is drawn on, as [r, g, b] (a transparent one is taken as white).
+export function backgroundOf(el) {
+  for (let node = el; node && node.nodeType === 1; node = node.parentElement) {
+    const m = /rgba?\(([\d.]+),\s*([\d.]+),\s*([\d.]+)(?:,\s*([\d.]+))?/.exec(getComputedStyle(node).backgroundColor);
+    if (m && (m[4] === undefined || Number(m[4]) > 0.5)) return [Number(m[1]), Number(m[2]), Number(m[3])];
+  }
+  return [255, 255, 255];
 }
 export const probability = (logprob) => {
   const x = Number(logprob);
@@ -32,20 +50,18 @@ export function hasLogprobs(state) {
   );
 }
 
-export function renderTokens(part) {
-  const box = document.createElement("div");
-  box.className = "nbr-tokens";
-  part.logprobs.forEach((lp, i) => {
-    const span = document.createElement("span");
-    const colour = viridis(probability(lp && lp.logprob));
-    span.className = "nbr-token";
-    span.dataset.i = String(i);
-    span.style.backgroundColor = rgb(colour);
-    span.style.color = luminance(colour) > 0.22 ? "#000" : "#fff";
-    span.textContent = String((lp && lp.token) ?? "");
-    box.append(span);
-  });
-  return box;
+// One token of the heat map; unlikely tokens that would vanish into `background` get an edge
+// (likely ones are the unremarkable majority and stay plain).
+export function tokenSpan(lp, i, background) {
+  const span = document.createElement("span");
+  const p = probability(lp && lp.logprob);
+  const colour = viridis(p);
+  span.className = p < 0.5 && contrast(colour, background) < EDGE ? "nbr-token nbr-edge" : "nbr-token";
+  span.dataset.i = String(i);
+  span.style.backgroundColor = rgb(colour);
+  span.style.color = ink(colour);
+  span.textContent = String((lp && lp.token) ?? "");
+  return span;
 }
 
 export function legend() {
@@ -63,7 +79,7 @@ export function legend() {
 }
 
 // The popover for token `lp` (an output_text logprob entry).
-export function fillTip(tip, lp) {
+export function fillTip(tip, lp, background) {
   tip.replaceChildren();
   const p = probability(lp.logprob);
   const head = document.createElement("div");
@@ -83,9 +99,10 @@ export function fillTip(tip, lp) {
     name.textContent = visible(alt.token);
     row.insertCell().append(name);
     const bar = document.createElement("span");
-    bar.className = "nbr-tip-bar";
-    bar.style.width = `${Math.max(1, Math.round(q * 80))}px`;
-    bar.style.backgroundColor = rgb(viridis(q));
+    const colour = viridis(q);
+    bar.className = contrast(colour, background) < EDGE ? "nbr-tip-bar nbr-edge" : "nbr-tip-bar";
+    bar.style.width = `${Math.max(4, Math.round(q * 80))}px`;
+    bar.style.backgroundColor = rgb(colour);
     row.insertCell().append(bar);
     row.insertCell().textContent = percent(q);
   }

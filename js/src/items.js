@@ -1,7 +1,6 @@
 // One renderer per output item type; anything unknown falls back to a generic JSON block.
-import { h, safeLink, genericJson } from "./dom.js";
-import { renderMarkdown } from "./markdown.js";
-import { renderTokens } from "./heatmap.js";
+import { h, safeLink, genericJson, syncChildren } from "./dom.js";
+import { MarkdownStream, PlainStream, TokenStream, streamFor } from "./streaming.js";
 import { fmtInt, fmtSeconds } from "./format.js";
 import { icon, spinner } from "./icons.js";
 
@@ -37,8 +36,9 @@ function reasoning(ctx, item, meta, index) {
   else if (meta && meta.deltas) facts.push(`${fmtInt(meta.deltas)} deltas`);
 
   const title = done ? "Reasoning" : "Thinking…";
-  const all = [...summaries, ...contents].map((p) => p.text).join("\n");
-  const preview = !done && all ? all.trim().split("\n").pop().slice(-120) : "";
+  const last = [...summaries, ...contents].pop();
+  // the last line so far (from the end of the text: the whole of it may be long)
+  const preview = !done && last ? last.text.slice(-2000).trim().split("\n").pop().slice(-120) : "";
   const summary = h(
     "summary",
     {},
@@ -47,17 +47,29 @@ function reasoning(ctx, item, meta, index) {
     facts.length ? h("span", { class: "nbr-muted" }, ` · ${facts.join(" · ")}`) : null,
     preview ? h("span", { class: "nbr-preview" }, preview) : null,
   );
-  const body = h("div", { class: "nbr-reasoning-body" });
-  for (const part of summaries) body.append(h("div", { class: "nbr-md" }, renderMarkdown(part.text)));
-  for (const part of contents) body.append(h("div", { class: "nbr-plain" }, part.text));
-  if (!summaries.length && !contents.length) {
-    body.append(h("div", { class: "nbr-muted" }, item.encrypted_content ? "Encrypted reasoning (not readable)." : "No reasoning text."));
-  }
-  const details = h("details", { class: "nbr-reasoning", "data-key": key }, summary, body);
-  details.open = Boolean(ctx.ui.open[key]);
-  details.addEventListener("toggle", () => {
-    ctx.ui.open[key] = details.open;
+  // The body and the details stay the same elements from frame to frame (see syncChildren).
+  const body = streamFor(ctx.ui, `${index}:body`, () => h("div", { class: "nbr-reasoning-body" }));
+  const parts = [];
+  (item.summary || []).forEach((part, i) => {
+    if (part && part.text) parts.push(streamFor(ctx.ui, `${index}:s${i}`, () => new MarkdownStream()).update(part.text));
   });
+  (item.content || []).forEach((part, i) => {
+    if (part && part.text) parts.push(streamFor(ctx.ui, `${index}:r${i}`, () => new PlainStream()).update(part.text));
+  });
+  if (!parts.length) {
+    parts.push(h("div", { class: "nbr-muted" }, item.encrypted_content ? "Encrypted reasoning (not readable)." : "No reasoning text."));
+  }
+  syncChildren(body, parts);
+  const details = streamFor(ctx.ui, `${index}:details`, () => {
+    const el = h("details", { class: "nbr-reasoning" });
+    el.addEventListener("toggle", () => {
+      ctx.ui.open[el.dataset.key] = el.open;
+    });
+    return el;
+  });
+  details.dataset.key = key;
+  if (details.open !== Boolean(ctx.ui.open[key])) details.open = Boolean(ctx.ui.open[key]);
+  syncChildren(details, [summary, body]);
   return details;
 }
 
@@ -74,22 +86,29 @@ function annotations(list) {
   return h("div", { class: "nbr-sources" }, h("span", { class: "nbr-muted" }, "Sources: "), unique.flatMap((el, i) => (i ? [" · ", el] : [el])));
 }
 
-function message(ctx, item) {
-  const box = h("div", { class: "nbr-message" });
-  if (item.phase) box.append(h("div", { class: "nbr-muted nbr-phase" }, String(item.phase)));
-  for (const part of item.content || []) {
-    if (!part || typeof part !== "object") continue;
+function message(ctx, item, meta, index) {
+  const box = streamFor(ctx.ui, `${index}:message`, () => h("div", { class: "nbr-message" }));
+  const children = [];
+  if (item.phase) children.push(h("div", { class: "nbr-muted nbr-phase" }, String(item.phase)));
+  (item.content || []).forEach((part, i) => {
+    if (!part || typeof part !== "object") return;
     if (part.type === "refusal") {
-      box.append(h("div", { class: "nbr-refusal" }, h("b", {}, "Refusal: "), part.refusal || ""));
+      children.push(h("div", { class: "nbr-refusal" }, h("b", {}, "Refusal: "), part.refusal || ""));
     } else if (typeof part.text === "string") {
       const heat = ctx.ui.heat && Array.isArray(part.logprobs) && part.logprobs.length;
-      box.append(heat ? renderTokens(part) : h("div", { class: "nbr-md" }, renderMarkdown(part.text)));
+      const key = `${index}:c${i}`;
+      children.push(
+        heat
+          ? streamFor(ctx.ui, `${key}:heat`, () => new TokenStream()).update(part.logprobs, ctx.background())
+          : streamFor(ctx.ui, key, () => new MarkdownStream()).update(part.text),
+      );
       const sources = annotations(part.annotations);
-      if (sources) box.append(sources); // append(null) would add the text "null"
+      if (sources) children.push(sources); // append(null) would add the text "null"
     } else {
-      box.append(genericJson(part));
+      children.push(genericJson(part));
     }
-  }
+  });
+  syncChildren(box, children);
   return box;
 }
 

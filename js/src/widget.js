@@ -1,12 +1,12 @@
 // nbresponses live Responses view (anywidget front end).
 import { createStore, touchedItems } from "./state.js";
-import { h, genericJson } from "./dom.js";
+import { h, genericJson, syncChildren } from "./dom.js";
 import { renderItem, itemDone } from "./items.js";
 import { statusOf, usageFacts } from "./format.js";
-import { hasLogprobs, legend, fillTip } from "./heatmap.js";
+import { hasLogprobs, legend, fillTip, backgroundOf } from "./heatmap.js";
 
 function mount(model, el) {
-  const ui = { open: {}, heat: false, pinned: null };
+  const ui = { open: {}, heat: false, pinned: null, streams: new Map() };
   const root = h("div", { class: "nbr-root" });
   const head = h("div", { class: "nbr-head" });
   const items = h("div", { class: "nbr-items" });
@@ -92,7 +92,8 @@ function mount(model, el) {
     frame = null;
     const state = store.state;
     if (!state) return;
-    const ctx = { state, ui };
+    let background = null; // read once a frame, when a heat map needs it
+    const ctx = { state, ui, background: () => (background ||= backgroundOf(root)) };
     const output = state.response.output || [];
     const metas = state.view.items || [];
     while (itemEls.length > output.length) itemEls.pop().remove();
@@ -109,7 +110,7 @@ function mount(model, el) {
         const rendered = renderItem(ctx, item, metas[i], i);
         slot.dataset.type = item && item.type ? String(item.type) : "";
         slot.dataset.live = live ? "1" : "0";
-        slot.replaceChildren(...(rendered ? [rendered] : []));
+        syncChildren(slot, rendered ? [rendered] : []);
         slot.hidden = !rendered;
       }
     }
@@ -143,7 +144,7 @@ function mount(model, el) {
     return part ? { span, lp: part.logprobs[Number(span.dataset.i)] } : null;
   }
   function showTip(found) {
-    fillTip(tip, found.lp);
+    fillTip(tip, found.lp, backgroundOf(tip));
     tip.hidden = false;
     placeTip(found.span);
     for (const el of root.querySelectorAll(".nbr-token-active")) el.classList.remove("nbr-token-active");

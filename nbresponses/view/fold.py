@@ -236,6 +236,37 @@ class Folder:
             target[last] = value
         self.patches.set(path, clone(value))
 
+    def _replace_item(self, index: int, item: dict[str, Any]) -> None:
+        """Make output item ``index`` equal ``item``, sending only what differs from what
+        streamed: a finished item repeats its whole text and logprobs (13 MB of patch for a
+        100,000-token answer with two alternatives per token)."""
+        path: list[str | int] = ["response", "output", index]
+        old = self.state["response"]["output"][index]
+        if not isinstance(old, dict) or old.keys() - item.keys():
+            self._set(path, item)  # no operation deletes a field: replace it whole
+            return
+        for key, value in item.items():
+            if key in old and old[key] == value:
+                continue
+            before = old.get(key)
+            if (
+                key in ("content", "summary")
+                and isinstance(value, list)
+                and isinstance(before, list)
+                and len(value) == len(before)
+            ):
+                for j, (a, b) in enumerate(zip(before, value, strict=True)):
+                    if a == b:
+                        continue
+                    if isinstance(a, dict) and isinstance(b, dict) and not a.keys() - b.keys():
+                        for k, v in b.items():
+                            if k not in a or a[k] != v:
+                                self._set([*path, key, j, k], v)
+                    else:
+                        self._set([*path, key, j], b)
+            else:
+                self._set([*path, key], value)
+
     def _meta(self, index: int) -> dict[str, Any]:
         items = self.state["view"]["items"]
         while len(items) <= index:
@@ -353,7 +384,7 @@ class Folder:
         item = plain(ev.get("item")) or {}
         index, old = self._item(ev, item.get("type") or "unknown")
         _keep_logprobs(old, item)
-        self._set(["response", "output", index], item)
+        self._replace_item(index, item)
         meta = self._meta(index)
         self._set(["view", "items", index, "t1"], round(self.elapsed(), 4))
         if meta["t0"] is None:
@@ -500,7 +531,7 @@ class Folder:
         else:
             for index, item in enumerate(output):
                 if current["output"][index] != item:
-                    self._set(["response", "output", index], item)
+                    self._replace_item(index, item)
         for index in range(len(output)):
             self._meta(index)
 

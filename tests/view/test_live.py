@@ -494,3 +494,36 @@ def test_show_in_a_script_prints_text_not_a_mimebundle(tmp_path) -> None:
         "Hello from a script.",
         "input 3 (1 cached) · output 20",
     ]
+
+
+async def test_a_finished_item_sends_only_what_changed() -> None:
+    """The done item and the final Response repeat the whole text and logprobs; the patches
+    carry only the new status (they sent 13 MB again for a 100,000-token answer), and still
+    bring a mirror to exactly the Python state, also when a done item does change text."""
+    text = "word " * 300
+    events = text_stream(text)
+    for event in events:
+        if event["type"] == "response.output_text.delta":
+            event["logprobs"] = [{"token": event["delta"], "logprob": -0.5, "top_logprobs": []}]
+    changed = text_stream("other")  # its done item and Response disagree with its deltas
+    changed[-2]["item"]["content"][0]["text"] = "OTHER"
+    changed[-1]["response"]["output"][0]["content"][0]["text"] = "OTHER"
+    changed[-2]["item"]["extra"] = {"new": 1}
+    for source, expect, logprobs in ((events, text, len(text)), (changed, "OTHER", 0)):
+        view = ResponseView(paced(source), flush_interval=0)
+        initial = json.loads(json.dumps(view._snapshot))
+        sent = capture(view)
+        await view
+        mirror = initial["state"]
+        for msg in sent:
+            apply_ops(mirror, json.loads(json.dumps(msg["ops"])))
+        assert mirror == json.loads(json.dumps(view.state))
+        part = view.state["response"]["output"][0]["content"][0]
+        assert part["text"] == expect and len(part.get("logprobs") or []) == logprobs
+        whole = [
+            op
+            for msg in sent
+            for op in msg["ops"]
+            if op[0] == "set" and op[1] == ["response", "output", 0] and op[2].get("content")
+        ]
+        assert whole == []  # the item was sent once, when it was added (empty), never again
