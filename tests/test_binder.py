@@ -8,6 +8,7 @@ folder instead of the image's home. Everything else runs exactly as written.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import venv
@@ -85,6 +86,9 @@ def test_binder_build_replay(tmp_path: Path) -> None:
     )
     assert str(ROOT / "nbresponses") in imported, imported  # the editable install of this checkout
     assert "+cpu" in imported, imported
+    overrides = env_dir / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
+    saved = json.loads(overrides.read_text())["@jupyter-widgets/jupyterlab-manager:plugin"]
+    assert saved["saveState"] is True  # a reopened notebook shows its views, not an error
     models = run(bin_dir / "nbresponses", "models")
     rows = [line.split() for line in models.splitlines()[1:] if line.strip()]
     # name, recipe, size MB, top-1, its 95% CI, |Δ logprob| mean and p99, KL, tokens, path: the

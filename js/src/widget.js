@@ -150,16 +150,43 @@ function mount(model, el) {
     for (const el of root.querySelectorAll(".nbr-token-active")) el.classList.remove("nbr-token-active");
     found.span.classList.add("nbr-token-active");
   }
-  // The popover is fixed to the window, not to the view: output areas hide what overflows
-  // them, so on a one- or two-line answer an absolutely placed popover lost its lower rows.
+  // The popover is fixed, not placed in the view: output areas hide what overflows them, so on
+  // a one- or two-line answer an absolutely placed popover lost its lower rows. A fixed box is
+  // placed (and clipped) by the window, or by the nearest ancestor with a transform, a filter
+  // or containment (JupyterLab's notebook has `contain: strict`): the popover goes below its
+  // token when it fits in what that leaves visible, else above, else on the roomier side.
+  function fixedFrame(el) {
+    for (let node = el.parentElement; node && node !== document.documentElement; node = node.parentElement) {
+      const s = getComputedStyle(node);
+      if (s.transform !== "none" || s.perspective !== "none" || s.filter !== "none" ||
+          /paint|layout|strict|content/.test(s.contain) || /transform|perspective|filter/.test(s.willChange)) {
+        return node;
+      }
+    }
+    return null;
+  }
   function placeTip(span) {
     const at = span.getBoundingClientRect();
+    const frame = fixedFrame(tip);
+    const box = { top: 0, bottom: window.innerHeight, left: 0, right: window.innerWidth };
+    if (frame) {
+      const r = frame.getBoundingClientRect();
+      Object.assign(box, {
+        top: Math.max(box.top, r.top), bottom: Math.min(box.bottom, r.bottom),
+        left: Math.max(box.left, r.left), right: Math.min(box.right, r.right),
+      });
+    }
     const width = tip.offsetWidth;
     const height = tip.offsetHeight;
-    tip.style.left = `${Math.max(4, Math.min(at.left, window.innerWidth - width - 4))}px`;
-    // below the token, or above it when the popover would leave the window
-    const below = at.bottom + 4 + height <= window.innerHeight || at.top - height - 4 < 0;
-    tip.style.top = `${below ? at.bottom + 4 : at.top - height - 4}px`;
+    const x = Math.max(box.left + 4, Math.min(at.left, box.right - width - 4));
+    const room = { below: box.bottom - at.bottom - 4, above: at.top - box.top - 4 };
+    const below = room.below >= height || (room.above < height && room.below >= room.above);
+    const y = below ? at.bottom + 4 : at.top - height - 4;
+    tip.style.left = `${x}px`;
+    tip.style.top = `${y}px`;
+    const got = tip.getBoundingClientRect(); // window coordinates; the frame may shift them
+    tip.style.left = `${2 * x - got.left}px`;
+    tip.style.top = `${2 * y - got.top}px`;
   }
   function onScroll() {
     if (tip.hidden) return;

@@ -188,6 +188,17 @@ class Lab:
         (target or self.page).screenshot(path=str(ARTIFACTS / name))
 
 
+# Where the popover is and what places and clips it: the message of a failed popover check.
+PLACEMENT = """tip => {
+  const box = (el) => JSON.stringify(el.getBoundingClientRect());
+  const out = [`tip ${box(tip)} top=${tip.style.top} left=${tip.style.left}`];
+  for (let n = tip.parentElement; n; n = n.parentElement) {
+    const s = getComputedStyle(n);
+    const odd = s.overflow !== "visible" || s.transform !== "none" || s.contain !== "none";
+    if (odd) out.push(`${n.className} overflow=${s.overflow} contain=${s.contain} ${box(n)}`);
+  }
+  return out.join(" | ");
+}"""
 STRAY_TEXT = """root => {
   const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
   const stray = [];
@@ -278,7 +289,8 @@ def _check(lab: Lab, server: Any, url: str) -> None:
         short.locator(".nbr-token").first.hover()
         tip = short.locator(".nbr-tip")
         tip.wait_for(state="visible")
-        assert tip.locator("tr").count() == 5 and tip.evaluate(HIDDEN_ROWS) == 0
+        placement = tip.evaluate(PLACEMENT)
+        assert tip.locator("tr").count() == 5 and tip.evaluate(HIDDEN_ROWS) == 0, placement
         lab.shot("jupyterlab-popover.png")
 
         # Saved (outputs and, with saveState on, the widget state), then reloaded: the widgets
