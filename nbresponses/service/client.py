@@ -228,6 +228,7 @@ class AsyncResponses:
             stop_token_ids=prompt.stop_token_ids,
             logprobs=req.logprobs,
             top_logprobs=req.top_logprobs,
+            constraint=prompt.constraint,
         )
         generation = Generation(prompt_ids=prompt.ids, params=params, decoder=prompt.decoder)
         run = ResponseRun(self._response(req), client.source, generation)
@@ -273,7 +274,7 @@ class AsyncResponses:
             tool_choice=req.tool_choice,
             tools=req.all_tools,
             reasoning=req.reasoning,
-            text=ResponseTextConfig(format=ResponseFormatText(type="text")),
+            text=_text_config(req),
             truncation="disabled",
             **cast(dict[str, Any], req.echoed),  # labels the SDK echoes (user, ...)
         )
@@ -359,6 +360,13 @@ class AsyncResponses:
         from nbresponses.service.function_tools import run_tools
 
         return await run_tools(self, tools=tools, max_turns=max_turns, **kwargs)
+
+
+def _text_config(req: CreateRequest) -> ResponseTextConfig:
+    """The Response's ``text``: the format it was held to, as given."""
+    if req.text_format is None:
+        return ResponseTextConfig(format=ResponseFormatText(type="text"))
+    return ResponseTextConfig.model_validate({"format": req.text_format})
 
 
 def _stored_request(req: CreateRequest) -> dict[str, Any]:

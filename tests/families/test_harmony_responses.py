@@ -53,6 +53,7 @@ WEATHER = {
         "type": "object",
         "properties": {"city": {"type": "string"}},
         "required": ["city"],
+        "additionalProperties": False,  # strict by default, as on OpenAI
     },
 }
 PYTHON = {"type": "code_interpreter", "container": {"type": "auto"}}

@@ -121,7 +121,12 @@ WEATHER = {
     "type": "function",
     "name": "get_weather",
     "description": "Current weather for a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,  # strict by default, as on OpenAI
+    },
 }
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>'
 
@@ -210,7 +215,21 @@ async def test_tool_choice_modes(tokenizer):
         ({"temperature": 3}, "temperature", openai.BadRequestError),
         ({"include": ["reasoning.encrypted_content"]}, "include[0]", openai.BadRequestError),
         ({"tools": [{"type": "web_search"}]}, "tools[0]", openai.BadRequestError),
-        ({"text": {"format": {"type": "json_object"}}}, "text.format", openai.BadRequestError),
+        ({"text": {"format": {"type": "xml"}}}, "text.format.type", openai.BadRequestError),
+        (
+            {"text": {"format": {"type": "json_schema", "name": "x", "schema": {"not": {}}}}},
+            "text.format.schema",
+            openai.BadRequestError,
+        ),
+        (
+            {
+                "text": {
+                    "format": {"type": "json_schema", "name": "x", "schema": {}, "strict": True}
+                }
+            },
+            "text.format.schema",
+            openai.BadRequestError,
+        ),
         ({"model": "gpt-9"}, "model", openai.NotFoundError),
         (
             {"input": [{"role": "user", "content": [{"type": "input_image"}]}]},
