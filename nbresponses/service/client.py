@@ -13,6 +13,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
+import openai
 from openai.types.responses import Response, ResponseItemList
 from openai.types.responses.response_text_config import ResponseTextConfig
 from openai.types.shared.response_format_text import ResponseFormatText
@@ -349,6 +350,32 @@ class AsyncResponses:
         record.run.cancel()
         await record.run.wait()
         self._client.store.remove(response_id)
+
+    async def parse(self, *, text_format: Any = None, **kwargs: Any) -> Any:
+        """``create`` whose answer is parsed, as the openai SDK's ``responses.parse``:
+        ``text_format`` (a pydantic model) becomes a strict ``json_schema`` format, and the
+        result is a ``ParsedResponse`` with ``output_parsed`` (and parsed tool arguments)."""
+        from openai.lib._parsing._responses import parse_response, type_to_text_format_param
+
+        if kwargs.get("stream"):
+            raise bad_request(
+                "parse() returns the whole response; stream with engine.openai()"
+                ".responses.stream(text_format=...).",
+                param="stream",
+            )
+        if text_format is not None:
+            text = dict(kwargs.get("text") or {})
+            if "format" in text:
+                raise TypeError("Cannot mix and match text.format with text_format")
+            text["format"] = type_to_text_format_param(text_format)
+            kwargs["text"] = text
+        response = await self.create(**kwargs)
+        assert isinstance(response, Response)
+        return parse_response(
+            text_format=text_format if text_format is not None else openai.omit,
+            input_tools=kwargs.get("tools"),
+            response=response,
+        )
 
     # -- the tool loop --------------------------------------------------------------------
 
