@@ -289,8 +289,9 @@ async def test_auto_calls_are_to_given_tools_with_valid_arguments(engine):
 
 async def test_a_constrained_row_is_exact_among_free_rows(bundled_model):
     """Same constrained request alone and batched with free rows (and other constrained
-    ones): identical tokens and logprob floats; and the reported logprobs are the model's own
-    (before the mask): scoring the answer gives them back."""
+    ones): identical tokens and logprob floats. The frame says the logprobs are from before
+    the mask."""
+    import nbresponses as nbr
 
     def numbers(r):
         return [
@@ -312,6 +313,9 @@ async def test_a_constrained_row_is_exact_among_free_rows(bundled_model):
     async with Engine(TokenGenerator(bundled_model, prefix_cache_bytes=0)) as engine:
         alone = await engine.client().responses.create(**request)
     assert len(numbers(alone)) >= 8
+    frame = nbr.logprobs_frame(alone)
+    assert frame.attrs["text_format"] == "json_schema"
+    assert frame.attrs["logprobs"].startswith("the model's distribution before the grammar mask")
     async with Engine(TokenGenerator(bundled_model, prefix_cache_bytes=0)) as engine:
         client = engine.client()
         free = [
