@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from nbresponses.protocol.events import EventBuilder, TokenLogprob
 from nbresponses.protocol.request import CreateRequest
-from nbresponses.tokens.contract import TokenIdLogprob
+from nbresponses.tokens.contract import ConstraintFactory, TokenIdLogprob
 
 
 class Decoder(Protocol):
@@ -57,11 +57,13 @@ class Decoder(Protocol):
 
 @dataclass(frozen=True)
 class RenderedPrompt:
-    """Prompt ids, the ids that end generation, and how to read what the model writes."""
+    """Prompt ids, the ids that end generation, how to read what the model writes, and the
+    grammar the output must follow (one fresh constraint per generation; None: free)."""
 
     ids: list[int]
     stop_token_ids: tuple[int, ...]
     decoder: Callable[[EventBuilder], Decoder]
+    constraint: ConstraintFactory | None = None
 
 
 class Family(Protocol):

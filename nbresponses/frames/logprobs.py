@@ -212,11 +212,28 @@ def logprobs_frame(obj: Any) -> pd.DataFrame:
     whole vocabulary and ``entropy`` is the full distribution's (NaN otherwise); ``given`` says
     whether the tokens were given (a scoring) or generated. Without logprobs the frame is empty
     (full schema) and a ``UserWarning`` says how to request them.
+
+    When ``obj`` is a Response whose output was held to a grammar (``text.format`` json_schema
+    or json_object), ``frame.attrs["text_format"]`` names the format and
+    ``frame.attrs["logprobs"]`` says which distribution the numbers are from: nbresponses
+    reports the model's own, *before* the grammar mask (a token the grammar forced can have a
+    low logprob; the tokens the mask removed still appear among the alternatives).
     """
     with gc_paused():
         data = _gather(obj)
         _warn_if_empty(len(data.tokens))
-        return pd.DataFrame(_token_columns(data), copy=False)
+        frame = pd.DataFrame(_token_columns(data), copy=False)
+    fmt = getattr(getattr(getattr(obj, "text", None), "format", None), "type", None)
+    if fmt in ("json_schema", "json_object"):
+        frame.attrs["text_format"] = fmt
+        frame.attrs["logprobs"] = BEFORE_MASK
+    return frame
+
+
+BEFORE_MASK = (
+    "the model's distribution before the grammar mask (as nbresponses reports them; "
+    "other servers may differ)"
+)
 
 
 def _token_columns(data: _Tokens) -> dict[str, Any]:

@@ -75,6 +75,9 @@ class CreateRequest:
     parallel_tool_calls: bool = True
     metadata: dict[str, str] | None = None
     reasoning: Reasoning | None = None
+    # text.format: None for plain text, else {"type": "json_object"} or the json_schema config
+    # ({"type": "json_schema", "name", "schema", "strict", "description"}), as given
+    text_format: dict[str, Any] | None = None
     echoed: dict[str, str] = field(default_factory=dict)
 
 
@@ -129,7 +132,7 @@ def parse_create(kwargs: Mapping[str, Any], *, model: str) -> CreateRequest:
     req.parallel_tool_calls = _bool(params, "parallel_tool_calls", True)
     req.metadata = _metadata(params.get("metadata"))
     req.reasoning = _reasoning(params.get("reasoning"))
-    _text_config(params.get("text"))
+    req.text_format = _text_config(params.get("text"))
     _stream_options(params.get("stream_options"), req.stream)
     if params.get("truncation", "disabled") != "disabled":
         raise unsupported("truncation", "only 'disabled' (an over-long prompt is an error).")
@@ -327,23 +330,76 @@ def _reasoning(value: Any) -> Reasoning | None:
     return Reasoning(effort=effort)
 
 
-def _text_config(value: Any) -> None:
+def _text_config(value: Any) -> dict[str, Any] | None:
+    """``text``: its ``format`` (plain text, ``json_object`` or ``json_schema``). Whether the
+    engine can enforce the schema is the model family's call (``Family.check``)."""
     if value is None:
-        return
+        return None
     value = value.model_dump(exclude_none=True) if hasattr(value, "model_dump") else value
     if not isinstance(value, Mapping):
         raise bad_request("'text' must be an object such as {'format': {...}}.", param="text")
+    fmt: dict[str, Any] | None = None
     for key, v in value.items():
-        if key == "format" and not isinstance(v, Mapping):
+        if v is None:
+            continue
+        if key != "format":
+            raise unsupported(f"text.{key}", "only 'format' (text, json_object or json_schema).")
+        if not isinstance(v, Mapping):
             raise bad_request(
                 "'text.format' must be an object such as {'type': 'text'}.", param="text.format"
             )
-        if key == "format" and v.get("type") == "text":
-            continue
-        if v is not None:
-            raise unsupported(
-                f"text.{key}", "only plain text output ({'format': {'type': 'text'}})."
-            )
+        fmt = _text_format(v)
+    return fmt
+
+
+def _text_format(value: Mapping[str, Any]) -> dict[str, Any] | None:
+    kind = value.get("type")
+    known = {
+        "text": {"type"},
+        "json_object": {"type"},
+        "json_schema": {"type", "name", "schema", "strict", "description"},
+    }
+    if kind not in known:
+        raise bad_request(
+            f"Invalid 'text.format.type': {kind!r} (use 'text', 'json_object' or 'json_schema').",
+            param="text.format.type",
+        )
+    for key, v in value.items():
+        if key not in known[kind] and v is not None:
+            raise unsupported(f"text.format.{key}")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    name = value.get("name")
+    if not isinstance(name, str) or not name or len(name) > 64:
+        raise bad_request(
+            "'text.format.name' must be a string of 1 to 64 characters.",
+            param="text.format.name",
+        )
+    if not all(c.isascii() and (c.isalnum() or c in "_-") for c in name):
+        raise bad_request(
+            "'text.format.name' may hold only a-z, A-Z, 0-9, underscores and dashes.",
+            param="text.format.name",
+        )
+    schema = value.get("schema")
+    if not isinstance(schema, Mapping):
+        raise bad_request(
+            "Missing 'text.format.schema' (a JSON schema).", param="text.format.schema"
+        )
+    strict = value.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise bad_request("'text.format.strict' must be a boolean.", param="text.format.strict")
+    description = value.get("description")
+    if description is not None and not isinstance(description, str):
+        raise bad_request(
+            "'text.format.description' must be a string.", param="text.format.description"
+        )
+    out: dict[str, Any] = {"type": "json_schema", "name": name, "schema": dict(schema)}
+    out["strict"] = bool(strict)  # OpenAI's default for a json_schema format: not strict
+    if description is not None:
+        out["description"] = description
+    return out
 
 
 def _stream_options(value: Any, stream: bool) -> None:

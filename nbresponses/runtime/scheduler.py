@@ -16,6 +16,12 @@ the request. Three rules here keep it so, each answering a measured kernel behav
   kernel computed in yet another order; so a cached prefix equals what a cold prefill computes;
 - decode batches keep each row's KV unshifted (``kv.EndPaddedKV``) or run rows alone
   (``kv.SeparateKV``).
+
+Constrained rows (a grammar: ``SamplingParams.constraint``) share the batch with free ones. Each
+decode step first hands the constrained rows' mask computation to a helper thread, runs the
+model meanwhile, then masks each such row's logits (disallowed tokens to -inf) before choosing.
+The mask depends on the row's own tokens alone, and logprobs are computed from the unmasked
+logits, so a constrained row is as exact as a free one (``constraints.py``).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from nbresponses.runtime import sampling
+from nbresponses.runtime.constraints import MaskWorker, RowConstraint
 from nbresponses.runtime.kv import DecodingRows, EndPaddedKV, RowKV, SeparateKV
 from nbresponses.runtime.prefix_cache import PrefixCache
 from nbresponses.runtime.runner import OnnxRunner
@@ -62,6 +69,7 @@ class Request:
     score_from: int = 0  # > 0: a scoring job (logprobs of prompt[score_from:]), no generation
     id: int = field(default_factory=lambda: next(_ids))
     rng: np.random.Generator = field(init=False)
+    constraint: RowConstraint | None = field(init=False, default=None)
     generated: list[int] = field(default_factory=list)
     cancelled: bool = False
     done: bool = False
@@ -69,6 +77,8 @@ class Request:
 
     def __post_init__(self) -> None:
         self.rng = sampling.make_rng(self.params)
+        if self.params.constraint is not None and not self.params.forced_tokens:
+            self.constraint = RowConstraint(self.params.constraint())
 
 
 class Scheduler:
@@ -98,6 +108,7 @@ class Scheduler:
         self._waiting: deque[Request] = deque()
         # finished requests' prompt + answer, to re-compute by prefill when idle (newest last)
         self._idle_work: deque[tuple[int, ...]] = deque(maxlen=IDLE_QUEUE)
+        self._masks = MaskWorker()
         self._cond = threading.Condition()
         self._idle = threading.Event()  # set while the worker has nothing at all to do
         self._stopping = False
@@ -124,6 +135,7 @@ class Scheduler:
             self._stopping = True
             self._cond.notify()
         self._thread.join(timeout)
+        self._masks.close()
 
     @property
     def waiting(self) -> int:
@@ -243,6 +255,7 @@ class Scheduler:
         stats = request.stats
         stats.timings["queued_s"] = start - request.submitted_at
         prompt = request.prompt
+        pending = self._masks.start([request])
         cached, past = even_start(prompt, *self.prefix_cache.lookup(prompt))
         stats.prompt_tokens, stats.cached_tokens = len(prompt), cached
         self.prefix_cache.served(len(prompt), cached)
@@ -251,6 +264,7 @@ class Scheduler:
         logits, row = computed
         self.prefix_cache.store(prompt, row)
         stats.timings["prefill_s"] = time.perf_counter() - start
+        pending.wait()
         if self._emit(request, logits):
             return None
         return row
@@ -328,9 +342,12 @@ class Scheduler:
             self.prefix_cache.store(tokens, computed[1])
 
     def _decode(self) -> None:
+        pending = self._masks.start(self.rows)  # computed while the model runs
         try:
             logits = self.kv.step(self.runner, [r.generated[-1] for r in self.rows])
+            pending.wait()
         except Exception as exc:  # the batch is lost; fail its rows, keep serving new ones
+            pending.wait()
             for request in self.rows:
                 self._finish(request, Step((), finish_reason="error", error=_describe(exc)))
             self._remove(list(range(len(self.rows))))
@@ -357,6 +374,9 @@ class Scheduler:
         try:
             if forced:
                 token = forced[len(request.generated)]
+            elif request.constraint is not None:
+                token = sampling.choose(request.constraint.masked(logits), params, request.rng)
+                request.constraint.accept(token)
             else:
                 token = sampling.choose(logits, params, request.rng)
             logprob: tuple[TokenIdLogprob, ...] | None = None

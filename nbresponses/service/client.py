@@ -13,6 +13,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
+import openai
 from openai.types.responses import Response, ResponseItemList
 from openai.types.responses.response_text_config import ResponseTextConfig
 from openai.types.shared.response_format_text import ResponseFormatText
@@ -228,6 +229,7 @@ class AsyncResponses:
             stop_token_ids=prompt.stop_token_ids,
             logprobs=req.logprobs,
             top_logprobs=req.top_logprobs,
+            constraint=prompt.constraint,
         )
         generation = Generation(prompt_ids=prompt.ids, params=params, decoder=prompt.decoder)
         run = ResponseRun(self._response(req), client.source, generation)
@@ -273,7 +275,7 @@ class AsyncResponses:
             tool_choice=req.tool_choice,
             tools=req.all_tools,
             reasoning=req.reasoning,
-            text=ResponseTextConfig(format=ResponseFormatText(type="text")),
+            text=_text_config(req),
             truncation="disabled",
             **cast(dict[str, Any], req.echoed),  # labels the SDK echoes (user, ...)
         )
@@ -349,6 +351,32 @@ class AsyncResponses:
         await record.run.wait()
         self._client.store.remove(response_id)
 
+    async def parse(self, *, text_format: Any = None, **kwargs: Any) -> Any:
+        """``create`` whose answer is parsed, as the openai SDK's ``responses.parse``:
+        ``text_format`` (a pydantic model) becomes a strict ``json_schema`` format, and the
+        result is a ``ParsedResponse`` with ``output_parsed`` (and parsed tool arguments)."""
+        from openai.lib._parsing._responses import parse_response, type_to_text_format_param
+
+        if kwargs.get("stream"):
+            raise bad_request(
+                "parse() returns the whole response; stream with engine.openai()"
+                ".responses.stream(text_format=...).",
+                param="stream",
+            )
+        if text_format is not None:
+            text = dict(kwargs.get("text") or {})
+            if "format" in text:
+                raise TypeError("Cannot mix and match text.format with text_format")
+            text["format"] = type_to_text_format_param(text_format)
+            kwargs["text"] = text
+        response = await self.create(**kwargs)
+        assert isinstance(response, Response)
+        return parse_response(
+            text_format=text_format if text_format is not None else openai.omit,
+            input_tools=kwargs.get("tools"),
+            response=response,
+        )
+
     # -- the tool loop --------------------------------------------------------------------
 
     async def run(self, *, tools: Sequence[Any], max_turns: int = 8, **kwargs: Any) -> Response:
@@ -359,6 +387,13 @@ class AsyncResponses:
         from nbresponses.service.function_tools import run_tools
 
         return await run_tools(self, tools=tools, max_turns=max_turns, **kwargs)
+
+
+def _text_config(req: CreateRequest) -> ResponseTextConfig:
+    """The Response's ``text``: the format it was held to, as given."""
+    if req.text_format is None:
+        return ResponseTextConfig(format=ResponseFormatText(type="text"))
+    return ResponseTextConfig.model_validate({"format": req.text_format})
 
 
 def _stored_request(req: CreateRequest) -> dict[str, Any]:

@@ -6,11 +6,44 @@ scripted token source (tests) and the real ONNX Runtime engine are interchangeab
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+
+@runtime_checkable
+class TokenConstraint(Protocol):
+    """Which tokens may come next in one generation (a grammar): the engine masks the others.
+
+    The engine asks ``fill_mask`` before each choice and reports the chosen token to
+    ``accept``; a scripted source does the same. Reported logprobs are the model's own,
+    *before* the mask (``nbresponses.runtime.sampling``).
+    """
+
+    @property
+    def vocab_size(self) -> int:
+        """Tokens the mask covers (ids at or above it are never allowed)."""
+        ...
+
+    def fill_mask(self, mask: Any) -> None:
+        """Write the allowed next tokens into ``mask``, an int32 numpy array of
+        ``(vocab_size + 31) // 32`` words, one bit per token id (bit ``i % 32`` of word
+        ``i // 32``)."""
+        ...
+
+    def accept(self, token_id: int) -> None:
+        """The token chosen (always one the last mask allowed)."""
+        ...
+
+    @property
+    def error(self) -> str | None:
+        """Why no token can follow, when the grammar reached a dead end (a bug or a limit)."""
+        ...
+
+
+ConstraintFactory = Callable[[], TokenConstraint]
 
 
 @dataclass(frozen=True)
@@ -29,6 +62,8 @@ class SamplingParams:
     # it early); each step reports what the model gives them, exactly as if it had chosen them.
     forced_tokens: tuple[int, ...] = ()
     details: bool = False  # also the chosen token's rank and the distribution's entropy
+    # A grammar for the output: a fresh constraint per generation (ignored with forced_tokens).
+    constraint: ConstraintFactory | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,10 @@
 It honours the parts of the engine contract a consumer can observe: ``max_tokens`` (finish
 "length"), end-of-sequence ids and ``stop_token_ids`` (finish "stop"), logprobs only when asked
 (with exactly ``top_logprobs`` alternatives), usage counts in ``GenerationStats``, and
-cancellation (closing the iterator or cancelling the consuming task stops it).
+cancellation (closing the iterator or cancelling the consuming task stops it). A grammar
+(``params.constraint``) is checked as the engine applies it: each scripted token must be one
+the mask allows, else the generation ends with finish "error" naming the token (a script is
+not a model: it cannot pick another token, so a test sees the grammar refuse it).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from nbresponses.tokens.contract import (
     GenerationStats,
     SamplingParams,
     Step,
+    TokenConstraint,
     TokenIdLogprob,
 )
 
@@ -106,15 +110,24 @@ class ScriptedTokenSource:
         stats.cached_tokens = min(script.cached_tokens, len(prompt))
         stops = set(self._eos) | set(params.stop_token_ids)
         finished = False
+        constraint = params.constraint() if params.constraint is not None else None
         try:
             for i, token in enumerate(script.token_ids):
                 if script.error is not None and i >= script.error_after:
                     break
+                if constraint is not None and not _allowed(constraint, token):
+                    finished = True
+                    yield Step(
+                        (), finish_reason="error", error=f"the grammar refuses token {token}"
+                    )
+                    return
                 await asyncio.sleep(script.delay)
                 if stats.first_token_time is None:
                     stats.first_token_time = time.perf_counter()
                 stats.output_tokens += 1
                 lp = (self._logprob(script, i, token, params),) if params.logprobs else None
+                if constraint is not None:
+                    constraint.accept(token)
                 if token in stops:
                     finished = True
                     yield Step((token,), lp, finish_reason="stop")
@@ -134,3 +147,13 @@ class ScriptedTokenSource:
         finally:
             if not finished:
                 self.cancelled += 1
+
+
+def _allowed(constraint: TokenConstraint, token: int) -> bool:
+    import numpy as np
+
+    if not 0 <= token < constraint.vocab_size:
+        return False
+    mask = np.zeros((constraint.vocab_size + 31) // 32, dtype=np.int32)
+    constraint.fill_mask(mask)
+    return bool((int(mask[token // 32]) >> (token % 32)) & 1)

@@ -42,6 +42,7 @@ WEATHER = {
         "type": "object",
         "properties": {"city": {"type": "string"}},
         "required": ["city"],
+        "additionalProperties": False,  # strict by default, as on OpenAI
     },
 }
 

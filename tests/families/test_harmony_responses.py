@@ -53,6 +53,7 @@ WEATHER = {
         "type": "object",
         "properties": {"city": {"type": "string"}},
         "required": ["city"],
+        "additionalProperties": False,  # strict by default, as on OpenAI
     },
 }
 PYTHON = {"type": "code_interpreter", "container": {"type": "auto"}}
@@ -553,3 +554,12 @@ async def test_any_token_sequence_gives_a_well_formed_response(
     longest = max(len(s) for s in scripts)
     assert r.usage.output_tokens <= min(limit or 10**6, longest * len(source.prompts))
     assert r.usage.output_tokens_details.reasoning_tokens <= r.usage.output_tokens
+
+
+async def test_text_format_is_refused_not_run_unconstrained(enc: HarmonyEncoding) -> None:
+    """Structured outputs are not enforced on harmony yet: a 400, never a free run."""
+    client, source = make_client(enc, generated(enc, msg("{}", "final")))
+    fmt = {"format": {"type": "json_object"}}
+    with pytest.raises(openai.BadRequestError) as err:
+        await client.responses.create(input="JSON please", text=fmt)
+    assert err.value.param == "text.format" and not source.prompts

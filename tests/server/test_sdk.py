@@ -31,6 +31,7 @@ WEATHER = {
         "type": "object",
         "properties": {"city": {"type": "string"}},
         "required": ["city"],
+        "additionalProperties": False,  # strict by default, as on OpenAI
     },
 }
 
@@ -109,18 +110,74 @@ async def test_stream_helper_accumulates_the_same_response(tokenizer, kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-async def test_parse_with_a_schema_is_a_clean_400(tokenizer, kind):
+async def test_parse_fills_output_parsed(tokenizer, kind):
+    """responses.parse(text_format=Model): the SDK sends the pydantic model's strict schema,
+    the grammar admits the scripted JSON, and output_parsed is the model instance."""
+    from pydantic import BaseModel
+
+    class City(BaseModel):
+        name: str
+        population: int
+
+    client, source = scripted(tokenizer, '{"name": "Paris", "population": 2100000}')
+    with Target(kind, client) as target:
+        parsed = await target.openai().responses.parse(model=MODEL, input="x", text_format=City)
+        assert parsed.status == "completed"
+        assert parsed.output_parsed == City(name="Paris", population=2100000)
+        assert parsed.text.format.type == "json_schema" and parsed.text.format.strict
+        assert source.params[-1].constraint is not None
+        async with target.openai().responses.stream(
+            model=MODEL, input="x", text_format=City
+        ) as stream:
+            kinds = [event.type async for event in stream]
+            final = await stream.get_final_response()
+        assert "response.output_text.delta" in kinds
+        assert final.output_parsed == City(name="Paris", population=2100000)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_the_grammar_refuses_what_the_schema_does_not_allow(tokenizer, kind):
+    """The scripted source applies the mask as the engine does: text that is not the schema's
+    JSON cannot come out (the run fails instead of returning it)."""
     from pydantic import BaseModel
 
     class City(BaseModel):
         name: str
 
+    client, _ = scripted(tokenizer, ANSWER)
+    with Target(kind, client) as target:
+        response = await target.openai().responses.create(
+            model=MODEL,
+            input="x",
+            text={
+                "format": {
+                    "type": "json_schema",
+                    "name": "city",
+                    "schema": City.model_json_schema() | {"additionalProperties": False},
+                    "strict": True,
+                }
+            },
+        )
+        assert response.status == "failed" and "grammar" in response.error.message
+        assert response.output_text == ""
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_schema_feature_that_cannot_be_enforced_is_a_400(tokenizer, kind):
     client, source = scripted(tokenizer, ANSWER)
+    schema = {
+        "type": "object",
+        "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
+    }
     with Target(kind, client) as target:
         with pytest.raises(openai.BadRequestError) as err:
-            await target.openai().responses.parse(model=MODEL, input="x", text_format=City)
-        assert err.value.status_code == 400 and err.value.param == "text.format"
-        assert err.value.code == "unsupported_parameter" and not source.prompts
+            await target.openai().responses.create(
+                model=MODEL,
+                input="x",
+                text={"format": {"type": "json_schema", "name": "t", "schema": schema}},
+            )
+        assert err.value.status_code == 400 and err.value.param == "text.format.schema"
+        assert "$.properties.tags.uniqueItems" in err.value.message and not source.prompts
         parsed = await target.openai().responses.parse(model=MODEL, input="x")  # no schema: fine
         assert parsed.output_text == ANSWER
 

@@ -121,7 +121,12 @@ WEATHER = {
     "type": "function",
     "name": "get_weather",
     "description": "Current weather for a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,  # strict by default, as on OpenAI
+    },
 }
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>'
 
@@ -169,20 +174,26 @@ async def test_several_calls_and_parallel_off(tokenizer):
     assert source.cancelled == 1  # generation stopped after the first call
 
 
-async def test_invalid_tool_json_is_text(tokenizer):
-    bad = "<tool_call>\n{get_weather: Zürich}\n</tool_call>"
-    client, _ = client_for(tokenizer, bad)
-    r = await client.responses.create(input="q", tools=[WEATHER])
-    assert [i.type for i in r.output] == ["message"] and r.output_text == bad
-
-
-async def test_broken_arguments_mark_the_call_incomplete(tokenizer):
-    bad = '<tool_call>\n{"name": "get_weather", "arguments": {"city": Zürich}}\n</tool_call>'
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "<tool_call>\n{get_weather: Zürich}\n</tool_call>",  # not JSON
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": Zürich}}\n</tool_call>',
+        '<tool_call>\n{"name": "get_wetter", "arguments": {"city": "Zürich"}}\n</tool_call>',
+        '<tool_call>\n{"name": "get_weather", "arguments": {"town": "Zürich"}}\n</tool_call>',
+    ],
+)
+async def test_a_call_the_tools_do_not_allow_cannot_come_out(tokenizer, bad):
+    """With tools (auto), text is free until a <tool_call> opens; from there the grammar holds
+    the name to the tools' and the arguments to the (strict) schema. The scripted source
+    applies the mask and cannot pick another token, so the run fails where the script breaks
+    the grammar; nothing of the broken call is returned as a call."""
     client, _ = client_for(tokenizer, bad)
     events = await stream_events(client, input="q", tools=[WEATHER])
     check_stream(events)
     r = events[-1].response
-    assert r.status == "completed" and r.output[0].status == "incomplete"
+    assert r.status == "failed" and "grammar refuses" in r.error.message
+    assert not [i for i in r.output if i.type == "function_call" and i.status == "completed"]
 
 
 async def test_tool_choice_modes(tokenizer):
@@ -213,7 +224,21 @@ async def test_tool_choice_modes(tokenizer):
         ({"temperature": 3}, "temperature", openai.BadRequestError),
         ({"include": ["reasoning.encrypted_content"]}, "include[0]", openai.BadRequestError),
         ({"tools": [{"type": "web_search"}]}, "tools[0]", openai.BadRequestError),
-        ({"text": {"format": {"type": "json_object"}}}, "text.format", openai.BadRequestError),
+        ({"text": {"format": {"type": "xml"}}}, "text.format.type", openai.BadRequestError),
+        (
+            {"text": {"format": {"type": "json_schema", "name": "x", "schema": {"not": {}}}}},
+            "text.format.schema",
+            openai.BadRequestError,
+        ),
+        (
+            {
+                "text": {
+                    "format": {"type": "json_schema", "name": "x", "schema": {}, "strict": True}
+                }
+            },
+            "text.format.schema",
+            openai.BadRequestError,
+        ),
         ({"model": "gpt-9"}, "model", openai.NotFoundError),
         (
             {"input": [{"role": "user", "content": [{"type": "input_image"}]}]},

@@ -76,6 +76,12 @@ class HarmonyFamily:
         self._skip = frozenset(eos_token_ids) - set(self._stops)
 
     def check(self, req: CreateRequest, history: Sequence[Any]) -> None:
+        if req.text_format is not None:  # refused, never run unconstrained
+            raise unsupported(
+                "text.format",
+                "structured outputs are not enforced on gpt-oss (harmony) models yet; "
+                "use a chat-template model.",
+            )
         if req.tool_mode == "required":
             raise unsupported(
                 "tool_choice", "gpt-oss models choose their tools themselves: use 'auto' or 'none'."
