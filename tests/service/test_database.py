@@ -431,6 +431,9 @@ async def test_frames_read_ids_and_history_frames(tokenizer, db_path, clients, m
     pd.testing.assert_frame_equal(nbr.logprobs_frame(made[0].id), nbr.logprobs_frame(made[0]))
 
 
+OURS = [tracemalloc.Filter(True, "*/nbresponses/*", all_frames=True)]
+
+
 @pytest.mark.slow
 async def test_memory_stays_flat_over_a_thousand_stored_responses(tokenizer, db_path, clients):
     client, source = open_client(
@@ -444,14 +447,17 @@ async def test_memory_stays_flat_over_a_thousand_stored_responses(tokenizer, db_
         source.params.clear()
         assert client.flush()
         gc.collect()
-        return tracemalloc.get_traced_memory()[0]
+        return tracemalloc.take_snapshot().filter_traces(OURS) if tracemalloc.is_tracing() else None
 
     await requests(100)  # warm: first-call caches
-    tracemalloc.start()
+    tracemalloc.start(16)  # what nbresponses code allocated (not other tests' threads)
     try:
         after_200 = await requests(200)
         after_1000 = await requests(800)
     finally:
         tracemalloc.stop()
-    assert after_1000 - after_200 < 100_000, (after_200, after_1000)  # a response is ~5 KB
+    grown = after_1000.compare_to(after_200, "traceback")
+    total = sum(g.size_diff for g in grown)
+    top = "\n".join(f"{g.size_diff} B\n" + "\n".join(g.traceback.format()) for g in grown[:3])
+    assert total < 100_000, f"{total} B more after 800 more responses:\n{top}"  # one is ~5 KB
     assert client.store.database.count() == 1100 and len(client.store) == 20
