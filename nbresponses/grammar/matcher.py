@@ -33,6 +33,8 @@ JSON_OPTIONS: JsonCompileOptions = {
     "item_separator": ", ",
     "key_separator": ": ",
 }
+# The layout of harmony (gpt-oss): its schemas and call examples are compact JSON.
+COMPACT_JSON: JsonCompileOptions = {**JSON_OPTIONS, "item_separator": ",", "key_separator": ":"}
 
 
 class GrammarError(ValueError):
@@ -109,9 +111,10 @@ class Grammar:
     __call__ = matcher  # a ConstraintFactory
 
 
-def json_lark(schema: dict[str, Any]) -> str:
-    """A Lark rule body that matches one JSON value of ``schema`` in the compact layout."""
-    body = {**schema, "x-guidance": {**JSON_OPTIONS, **schema.get("x-guidance", {})}}
+def json_lark(schema: dict[str, Any], options: JsonCompileOptions = JSON_OPTIONS) -> str:
+    """A Lark rule body that matches one JSON value of ``schema`` in one fixed layout
+    (``options``: ``JSON_OPTIONS`` unless a family's model writes another)."""
+    body = {**schema, "x-guidance": {**options, **schema.get("x-guidance", {})}}
     return "%json " + json.dumps(body, ensure_ascii=False)
 
 

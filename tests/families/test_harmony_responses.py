@@ -237,7 +237,9 @@ async def test_analysis_call_then_output_and_final_through_a_chain(enc: HarmonyE
 
 async def test_commentary_preamble_is_a_commentary_message(enc: HarmonyEncoding) -> None:
     preamble = msg("Let me look that up.", "commentary")
-    client, _ = make_client(enc, generated(enc, preamble, fn_call("get_weather", "{}")))
+    client, _ = make_client(
+        enc, generated(enc, preamble, fn_call("get_weather", '{"city":"Oslo"}'))
+    )
     r = folds_to(await stream_events(client, input="Weather?", tools=[WEATHER]))
     assert [i.type for i in r.output] == ["message", "function_call"]
     assert r.output[0].phase == "commentary" and r.output_text == "Let me look that up."
@@ -412,9 +414,6 @@ async def test_web_search_needs_a_backend_and_chat_models_refuse_built_ins(
     with pytest.raises(openai.BadRequestError) as err:
         await client.responses.create(input="x", tools=[{"type": "web_search"}])
     assert err.value.param == "tools[0]" and "browser" in err.value.message
-    with pytest.raises(openai.BadRequestError) as err:
-        await client.responses.create(input="x", tools=[WEATHER], tool_choice="required")
-    assert err.value.param == "tool_choice"
     chat = AsyncResponsesClient(ScriptedTokenSource([[1]]), tokenizer, model="smollm2")
     assert isinstance(chat.family, ChatFamily)
     for kwargs, param in [
@@ -535,7 +534,8 @@ def noisy_generation(rng, first: bool = True) -> str:
 async def test_any_token_sequence_gives_a_well_formed_response(
     enc: HarmonyEncoding, seed: int
 ) -> None:
-    """Noise (what a random-weight model writes) never breaks the protocol."""
+    """Noise (what a random-weight model writes) never breaks the protocol. (Function tools
+    would put the turn under a grammar, which refuses noise: only built-in tools here.)"""
     import random
 
     rng = random.Random(seed)
@@ -543,7 +543,7 @@ async def test_any_token_sequence_gives_a_well_formed_response(
     client, source = make_client(enc, *scripts, browser=FakeBackend())
     limit = rng.choice([None, 5, 40])
     kwargs = {"max_output_tokens": limit} if limit else {}
-    tools = [WEATHER, PYTHON, {"type": "web_search"}]
+    tools = [PYTHON, {"type": "web_search"}]
     events = await stream_events(client, input="hi", tools=tools, max_tool_calls=2, **kwargs)
     check_stream(events)
     r = events[-1].response
@@ -556,10 +556,206 @@ async def test_any_token_sequence_gives_a_well_formed_response(
     assert r.usage.output_tokens_details.reasoning_tokens <= r.usage.output_tokens
 
 
-async def test_text_format_is_refused_not_run_unconstrained(enc: HarmonyEncoding) -> None:
-    """Structured outputs are not enforced on harmony yet: a 400, never a free run."""
-    client, source = make_client(enc, generated(enc, msg("{}", "final")))
-    fmt = {"format": {"type": "json_object"}}
+# -- structured outputs and constrained calls (the grammar over the harmony vocabulary) ---------
+
+KINDS = ["inprocess", "http"]
+TOOLS = [WEATHER, {**WEATHER, "name": "get_time", "description": "Local time in a city."}]
+
+
+def refused(r: Response) -> bool:
+    """The scripted source applied the mask and the script broke it: the run failed there."""
+    return r.status == "failed" and "grammar refuses" in r.error.message
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("constrain", [True, False])
+async def test_parse_fills_output_parsed_from_the_final_message(
+    enc: HarmonyEncoding, kind: str, constrain: bool
+) -> None:
+    """responses.parse(text_format=Model): the schema is shown in the developer message's
+    ``# Response Formats`` section; reasoning is free (not JSON here); the final message,
+    headed with or without ``<|constrain|>json``, is held to the schema and parses."""
+    from helpers.server import Target
+    from pydantic import BaseModel
+
+    class City(BaseModel):
+        name: str
+        population: int
+
+    answer = msg('{"name":"Paris","population":2100000}', "final", ctype="<|constrain|>json")
+    if not constrain:
+        answer = final('{"name":"Paris","population":2100000}')
+    script = generated(enc, analysis("Not JSON: {{ name=Paris <|fake|>"), answer)
+    client, source = make_client(enc, script, script)
+    with Target(kind, client) as target:
+        parsed = await target.openai().responses.parse(
+            model="gpt-oss-tiny", input="Paris?", text_format=City
+        )
+        assert parsed.status == "completed", parsed.error
+        assert parsed.output_parsed == City(name="Paris", population=2100000)
+        assert [i.type for i in parsed.output] == ["reasoning", "message"]
+        assert parsed.output[0].content[0].text.startswith("Not JSON")
+        assert source.params[-1].constraint is not None
+        developer = enc.decode(source.prompts[-1]).split("<|start|>")[2]
+        head, schema = developer.removesuffix("<|end|>").split("## City\n\n")
+        assert head == "developer<|message|># Response Formats\n\n"  # no instructions or tools
+        assert json.loads(schema)["required"] == ["name", "population"]  # the SDK's strict schema
+        async with target.openai().responses.stream(
+            model="gpt-oss-tiny", input="Paris?", text_format=City
+        ) as stream:
+            kinds = [event.type async for event in stream]
+            streamed = await stream.get_final_response()
+        assert "response.output_text.delta" in kinds and "response.reasoning_text.delta" in kinds
+        assert streamed.output_parsed == City(name="Paris", population=2100000)
+
+
+CITY_FORMAT = {
+    "format": {
+        "type": "json_schema",
+        "name": "city",
+        "strict": True,
+        "schema": {
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "size": {"enum": ["small", "big"]}},
+            "required": ["name", "size"],
+            "additionalProperties": False,
+        },
+    }
+}
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "Paris is big.",  # not JSON
+        '{"name":"Paris"}',  # a required property missing
+        '{"name":"Paris","size":"huge"}',  # not in the enum
+        '{"name":"Paris","size":"big","x":1}',  # additionalProperties: false
+        '{"name": "Paris", "size": "big"}',  # not the compact layout the grammar fixes
+    ],
+)
+async def test_the_grammar_refuses_a_final_answer_off_the_schema(
+    enc: HarmonyEncoding, bad: str
+) -> None:
+    client, _ = make_client(enc, generated(enc, analysis("Think."), final(bad)))
+    r = await client.responses.create(input="q", text=CITY_FORMAT)
+    assert refused(r), r.error
+    assert r.output[0].type == "reasoning"  # the free part came out
+    assert not any(i.type == "message" and i.status == "completed" for i in r.output)
+
+
+async def test_json_object_and_non_strict_schemas(enc: HarmonyEncoding) -> None:
+    good = generated(enc, final('{"anything":[1,2]}'))
+    client, _ = make_client(enc, good, generated(enc, final("[1,2]")), good)
+    r = await client.responses.create(input="q", text={"format": {"type": "json_object"}})
+    assert r.status == "completed" and json.loads(r.output_text) == {"anything": [1, 2]}
+    r = await client.responses.create(input="q", text={"format": {"type": "json_object"}})
+    assert refused(r)  # an array is JSON, but not an object
+    loose = {"type": "json_schema", "name": "t", "strict": False, "schema": {"type": "object"}}
+    r = await client.responses.create(input="q", text={"format": loose})
+    assert r.status == "completed" and json.loads(r.output_text) == {"anything": [1, 2]}
+
+
+async def test_what_cannot_be_enforced_is_a_400(enc: HarmonyEncoding) -> None:
+    client, source = make_client(enc, generated(enc, final("{}")))
+    unique = {"type": "array", "uniqueItems": True}
+    fmt = {
+        "type": "json_schema",
+        "name": "t",
+        "schema": {"type": "object", "properties": {"a": unique}},
+    }
     with pytest.raises(openai.BadRequestError) as err:
-        await client.responses.create(input="JSON please", text=fmt)
-    assert err.value.param == "text.format" and not source.prompts
+        await client.responses.create(input="q", text={"format": fmt})
+    assert err.value.param == "text.format.schema" and "uniqueItems" in err.value.message
+    loose = {**WEATHER, "parameters": {"type": "object", "properties": {"a": unique}}}
+    with pytest.raises(openai.BadRequestError) as err:
+        await client.responses.create(input="q", tools=[loose])
+    assert err.value.param == "tools[0].parameters"
+    assert source.prompts == []
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        fn_call("get_wetter", '{"city":"Bern"}'),  # not a given tool
+        fn_call("get_weather", '{"town":"Bern"}'),  # off the strict schema
+        fn_call("get_weather", "{city: Bern}"),  # not JSON
+        msg('{"city":"Bern"}', "commentary", "functions.get_weather"),  # no <|constrain|>json
+        msg('{"city":"Bern"}', "commentary", "lookup", "<|constrain|>json"),  # not a function
+    ],
+)
+async def test_a_call_the_tools_do_not_allow_cannot_come_out(
+    enc: HarmonyEncoding, bad: Message
+) -> None:
+    """tool_choice "auto": free until the model addresses a function; from there the name is
+    one of the tools' and the arguments their schema."""
+    client, _ = make_client(enc, generated(enc, analysis("Call it."), bad))
+    events = await stream_events(client, input="q", tools=TOOLS)
+    check_stream(events)
+    r = events[-1].response
+    assert refused(r), r.error
+    assert not any(i.type == "function_call" and i.status == "completed" for i in r.output)
+
+
+async def test_auto_leaves_the_model_free_until_it_addresses_a_function(
+    enc: HarmonyEncoding,
+) -> None:
+    plain = generated(enc, analysis("No tool needed."), final("Hello! {not json}"))
+    text = (
+        "<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant"
+        # the recipient after the channel, as the harmony guide also shows it
+        '<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{"city":"Bern"}'
+        "<|call|>"
+    )
+    call = enc.encode(text, allowed_special="all")
+    client, source = make_client(enc, plain, call)
+    r = await client.responses.create(input="hi", tools=TOOLS)
+    assert r.status == "completed" and r.output_text == "Hello! {not json}"
+    assert source.params[0].constraint is not None
+    r = await client.responses.create(input="time?", tools=TOOLS)
+    assert r.status == "completed", r.error
+    assert [i.type for i in r.output] == ["message", "function_call"]
+    assert (r.output[1].name, r.output[1].arguments) == ("get_time", '{"city":"Bern"}')
+
+
+async def test_required_and_named_tool_choice(enc: HarmonyEncoding) -> None:
+    time_call = generated(enc, analysis("Need the time."), fn_call("get_time", '{"city":"Rome"}'))
+    answer = generated(enc, analysis("I know this."), final("It is noon."))
+    client, source = make_client(enc, time_call, answer, time_call, time_call)
+    r = await client.responses.create(input="q", tools=TOOLS, tool_choice="required")
+    assert r.status == "completed" and [i.type for i in r.output] == ["reasoning", "function_call"]
+    assert r.output[1].name == "get_time" and r.output[1].status == "completed"
+    r = await client.responses.create(input="q", tools=TOOLS, tool_choice="required")
+    assert refused(r) and r.output[0].type == "reasoning"  # no answer instead of a call
+    named = {"type": "function", "name": "get_weather"}
+    r = await client.responses.create(input="q", tools=TOOLS, tool_choice=named)
+    assert refused(r)  # another tool than the named one
+    named = {"type": "function", "name": "get_time"}
+    r = await client.responses.create(input="q", tools=TOOLS, tool_choice=named)
+    assert r.status == "completed" and r.output[-1].name == "get_time"
+    # the turn ends after the call: <|call|> stops the engine
+    assert 200012 in source.params[-1].stop_token_ids
+
+
+async def test_a_call_cut_off_is_incomplete(enc: HarmonyEncoding) -> None:
+    script = generated(enc, fn_call("get_weather", '{"city":"Reykjavik"}'))
+    client, _ = make_client(enc, script)
+    events = await stream_events(
+        client, input="q", tools=TOOLS, tool_choice="required", max_output_tokens=len(script) - 3
+    )
+    check_stream(events)
+    r = events[-1].response
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    (call,) = r.output
+    assert call.type == "function_call" and call.status == "incomplete"
+
+
+async def test_built_in_calls_stay_free_beside_function_tools(enc: HarmonyEncoding) -> None:
+    s1 = generated(enc, analysis("Compute."), py_call("print(6 * 7)"))
+    s2 = generated(enc, final('{"name":"x","size":"big"}'))
+    client, source = make_client(enc, s1, s2)
+    r = await client.responses.create(input="q", tools=[PYTHON, WEATHER], text=CITY_FORMAT)
+    assert r.status == "completed", r.error
+    assert [i.type for i in r.output] == ["reasoning", "code_interpreter_call", "message"]
+    assert json.loads(r.output_text) == {"name": "x", "size": "big"}
+    assert len(source.prompts) == 2  # a fresh grammar for the round after the tool's answer

@@ -18,6 +18,7 @@ from typing import Any
 from openai_harmony import HarmonyEncoding, Message
 
 from nbresponses.families.base import RenderedPrompt
+from nbresponses.families.constrain import output_schema, tool_schemas
 from nbresponses.families.harmony import (
     Event,
     HarmonyStreamParser,
@@ -28,9 +29,15 @@ from nbresponses.families.harmony import (
     harmony_encoding,
     render_request,
 )
+from nbresponses.families.harmony.grammar import (
+    grammar_tokenizer,
+    harmony_grammar,
+    response_format_section,
+)
 from nbresponses.families.harmony.token_bytes import HarmonyTokenBytes
 from nbresponses.families.text import protocol_logprob
-from nbresponses.protocol.errors import bad_request, unsupported
+from nbresponses.grammar import Grammar
+from nbresponses.protocol.errors import bad_request
 from nbresponses.protocol.events import EventBuilder, ItemStatus, TokenLogprob
 from nbresponses.protocol.ids import new_id
 from nbresponses.protocol.request import CreateRequest
@@ -76,16 +83,9 @@ class HarmonyFamily:
         self._skip = frozenset(eos_token_ids) - set(self._stops)
 
     def check(self, req: CreateRequest, history: Sequence[Any]) -> None:
-        if req.text_format is not None:  # refused, never run unconstrained
-            raise unsupported(
-                "text.format",
-                "structured outputs are not enforced on gpt-oss (harmony) models yet; "
-                "use a chat-template model.",
-            )
-        if req.tool_mode == "required":
-            raise unsupported(
-                "tool_choice", "gpt-oss models choose their tools themselves: use 'auto' or 'none'."
-            )
+        output_schema(req)  # a 400 for a schema (or tool schema) that cannot be enforced
+        if req.tool_mode != "none":
+            tool_schemas(req)
         for i, tool in enumerate(req.all_tools):
             builtin = registry.for_request_type(tool.type)
             problem = builtin.unavailable(**self.settings) if builtin is not None else None
@@ -116,6 +116,7 @@ class HarmonyFamily:
                 builtin=[
                     t.namespace(**self.settings) for t in registry.BUILTIN_TOOLS if t in given
                 ],
+                response_format=response_format_section(req.text_format),
             )
         except ValueError as exc:
             raise bad_request(
@@ -139,7 +140,13 @@ class HarmonyFamily:
                 skip=self._skip,
             )
 
-        return RenderedPrompt(prompt.token_ids, prompt.stop_token_ids, decoder)
+        tools = tool_schemas(req) if tools_on else []
+        grammar = harmony_grammar(output_schema(req), tools, req, builtin=prompt.builtin)
+        tokenizer = grammar_tokenizer(self.encoding)
+        constraint = Grammar.lark(tokenizer, grammar) if grammar is not None else None
+        return RenderedPrompt(
+            prompt.token_ids, prompt.stop_token_ids, decoder, constraint=constraint
+        )
 
 
 class HarmonyDecoder:

@@ -38,6 +38,9 @@ Documented behaviours:
   a tool, so the protocol layer emits the call item marked incomplete rather than showing its
   argument text as an answer; the user still sees exactly what the model wrote.
 * A built-in tool call is always ``valid``: what its text means is the tool's to say.
+* ``<|channel|>final <|constrain|>json<|message|>`` (a structured answer's header) is a final
+  message with content type ``<|constrain|>json``; harmony's parser takes the content type for a
+  recipient when there is none, which is undone here.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ from openai_harmony import (
 from nbresponses.tokens.contract import TokenIdLogprob
 from nbresponses.tools import registry
 
+CONSTRAIN = "<|constrain|>"
 # "reasoning", "text", "function_call", or a built-in tool's item type
 SegmentKind = str
 
@@ -255,6 +259,11 @@ class HarmonyStreamParser:
             return
         channel = self._parser.current_channel
         recipient = self._parser.current_recipient
+        content_type = self._parser.current_content_type
+        if recipient is not None and recipient.startswith(CONSTRAIN):
+            # "<|channel|>final <|constrain|>json": harmony reads the content type as the
+            # recipient when there is none (a structured answer's header)
+            recipient, content_type = None, recipient
         kind, name, error = classify(channel, recipient)
         header, header_lp = tuple(self._pending), _lps(self._pending_lp)
         self._open = _Open(
@@ -262,7 +271,7 @@ class HarmonyStreamParser:
             kind=kind,
             channel=channel,
             recipient=recipient,
-            content_type=self._parser.current_content_type,
+            content_type=content_type,
             name=name,
             error=error,
             tokens=len(header),

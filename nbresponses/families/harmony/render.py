@@ -41,6 +41,7 @@ from openai_harmony import (
     RenderConversationConfig,
     Role,
     SystemContent,
+    TextContent,
     ToolDescription,
     ToolNamespaceConfig,
 )
@@ -246,11 +247,14 @@ def build_conversation(
     today: date | None = None,
     knowledge_cutoff: str = KNOWLEDGE_CUTOFF,
     model_identity: str | None = None,
+    response_format: str | None = None,
 ) -> Conversation:
     """The harmony conversation for a request (no tokens yet).
 
     ``builtin`` (the namespaces of the built-in tools to describe) defaults to those the
     built-in tools in ``tools`` enable, with default settings (``builtin_namespaces``).
+    ``response_format`` is a ``# Response Formats`` section, placed at the end of the
+    developer message as the harmony guide asks (openai-harmony has no field for it).
     """
     history = _History()
     items = [{"role": "user", "content": input}] if isinstance(input, str) else input
@@ -275,7 +279,12 @@ def build_conversation(
             developer = developer.with_instructions("\n\n".join(parts))
         if functions:
             developer = developer.with_function_tools(functions)
-        messages.append(Message.from_role_and_content(Role.DEVELOPER, developer))
+        message = Message.from_role_and_content(Role.DEVELOPER, developer)
+        if response_format:
+            message = message.adding_content(TextContent(text="\n\n" + response_format))
+        messages.append(message)
+    elif response_format:
+        messages.append(Message.from_role_and_content(Role.DEVELOPER, response_format))
     messages.extend(drop_old_analysis(history.messages))
     return Conversation.from_messages(messages)
 

@@ -48,3 +48,21 @@ class HarmonyTokenBytes(CachedTokenBytes):
             self._ranks = read_ranks(path) if path.is_file() else {}
         raw = self._ranks.get(token_id)
         return raw if raw is not None else self._enc.decode([token_id]).encode("utf-8")
+
+
+def vocabulary_bytes(encoding: HarmonyEncoding, vocab: Path | None = None) -> list[bytes]:
+    """Every id's bytes, for the grammar engine: the o200k ranks from the vocabulary file, then
+    harmony's special tokens by name (``<|channel|>``, ``<|reserved_200000|>``, ...), which
+    follow the ranks."""
+    path = vocab or Path(os.environ.get(ENV_VAR, ".")) / VOCAB_NAME
+    ranks = read_ranks(path)
+    tokens = [ranks.get(i, b"") for i in range(max(ranks) + 1)]
+    left = len(encoding.special_tokens_set)
+    while left:
+        token_id = len(tokens)
+        if encoding.is_special_token(token_id):
+            tokens.append(encoding.decode([token_id]).encode("utf-8"))
+            left -= 1
+        else:
+            tokens.append(b"")
+    return tokens
