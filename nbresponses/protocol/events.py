@@ -357,7 +357,7 @@ class EventBuilder:
         ``fields`` (the tool's answer: outputs, the action with its URL) update the item."""
         self.tool_input_done()
         if fields:
-            merged = {**self._item.model_dump(), **fields}
+            merged = {**self._item.model_dump(by_alias=True), **fields}
             updated = type(self._item).model_validate(merged)
             for name in fields:
                 setattr(self._item, name, getattr(updated, name))

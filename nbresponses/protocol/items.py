@@ -81,7 +81,7 @@ def check_call_outputs(context: list[Any], items: list[InputItem]) -> None:
 
 def _as_dict(value: Any, where: str) -> dict[str, Any]:
     if hasattr(value, "model_dump"):
-        return value.model_dump(exclude_none=True)
+        return value.model_dump(exclude_none=True, by_alias=True)
     if isinstance(value, Mapping):
         return dict(value)
     raise bad_request(f"'{where}' must be an object.", param=where)

@@ -232,7 +232,11 @@ def _tools(value: Any) -> list[Tool]:
     for i, tool in enumerate(value):
         param = getattr(tool, "param", None)  # a FunctionToolSpec from function_tool()
         tool = param if isinstance(param, Mapping) else tool
-        tool = tool.model_dump(exclude_none=True) if hasattr(tool, "model_dump") else tool
+        tool = (
+            tool.model_dump(exclude_none=True, by_alias=True)
+            if hasattr(tool, "model_dump")
+            else tool
+        )
         kind = tool.get("type") if isinstance(tool, Mapping) else type(tool).__name__
         if isinstance(kind, str) and registry.for_request_type(kind) is not None:
             tools.append(_builtin_tool(dict(tool), f"tools[{i}]"))
@@ -280,7 +284,11 @@ def _builtin_tool(tool: dict[str, Any], where: str) -> Tool:
 
 
 def _tool_choice(req: CreateRequest, value: Any) -> None:
-    value = value.model_dump(exclude_none=True) if hasattr(value, "model_dump") else value
+    value = (
+        value.model_dump(exclude_none=True, by_alias=True)
+        if hasattr(value, "model_dump")
+        else value
+    )
     req.tool_choice = value
     if value in ("none", "auto", "required"):
         req.tool_mode = value
@@ -318,7 +326,11 @@ def _metadata(value: Any) -> dict[str, str] | None:
 def _reasoning(value: Any) -> Reasoning | None:
     if value is None:
         return None
-    value = value.model_dump(exclude_none=True) if hasattr(value, "model_dump") else value
+    value = (
+        value.model_dump(exclude_none=True, by_alias=True)
+        if hasattr(value, "model_dump")
+        else value
+    )
     if not isinstance(value, Mapping):
         raise bad_request("'reasoning' must be an object.", param="reasoning")
     for key, v in value.items():
@@ -335,7 +347,11 @@ def _text_config(value: Any) -> dict[str, Any] | None:
     engine can enforce the schema is the model family's call (``Family.check``)."""
     if value is None:
         return None
-    value = value.model_dump(exclude_none=True) if hasattr(value, "model_dump") else value
+    value = (
+        value.model_dump(exclude_none=True, by_alias=True)
+        if hasattr(value, "model_dump")
+        else value
+    )
     if not isinstance(value, Mapping):
         raise bad_request("'text' must be an object such as {'format': {...}}.", param="text")
     fmt: dict[str, Any] | None = None
@@ -407,7 +423,11 @@ def _stream_options(value: Any, stream: bool) -> None:
         return
     if not stream:
         raise bad_request("'stream_options' needs stream=True.", param="stream_options")
-    value = value.model_dump(exclude_none=True) if hasattr(value, "model_dump") else value
+    value = (
+        value.model_dump(exclude_none=True, by_alias=True)
+        if hasattr(value, "model_dump")
+        else value
+    )
     if not isinstance(value, Mapping):
         raise bad_request(
             "'stream_options' must be an object such as {'include_obfuscation': False}.",

@@ -38,7 +38,9 @@ Handler = Callable[[Request], Awaitable[Answer]]
 
 
 def json_model(model: BaseModel, status: int = 200) -> Response:
-    return Response(model.model_dump_json(warnings=False), status, media_type="application/json")
+    return Response(
+        model.model_dump_json(warnings=False, by_alias=True), status, media_type="application/json"
+    )
 
 
 async def _disconnected(request: Request) -> None:

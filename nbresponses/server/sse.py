@@ -31,7 +31,7 @@ HEADERS = [
 
 def encode(event: ResponseStreamEvent) -> bytes:
     """One SSE frame: the event type as the SSE event name, the event as compact JSON."""
-    data = event.model_dump_json(warnings=False)
+    data = event.model_dump_json(warnings=False, by_alias=True)
     return b"event: " + event.type.encode() + b"\ndata: " + data.encode() + b"\n\n"
 
 

@@ -52,11 +52,13 @@ def to_row(record: Record) -> Row:
         "recipe": (record.provenance or {}).get("recipe"),
         "model_hash": (record.provenance or {}).get("model_hash"),
         "owner": None,
-        "response": response.model_dump_json(exclude_unset=True),
+        "response": response.model_dump_json(exclude_unset=True, by_alias=True),
         "input": _dump_items(record.input),
-        "replay": OUTPUT.dump_json(replay, exclude_unset=True).decode() if replay else None,
+        "replay": OUTPUT.dump_json(replay, exclude_unset=True, by_alias=True).decode()
+        if replay
+        else None,
         "events": (
-            EVENTS.dump_json(run.events, exclude_unset=True).decode()
+            EVENTS.dump_json(run.events, exclude_unset=True, by_alias=True).decode()
             if record.background and run.events
             else None
         ),
@@ -99,7 +101,7 @@ def from_rows(rows: Sequence[Mapping[str, Any]], *, chain: bool) -> Record:
 
 
 def _dump_items(items: Sequence[Any]) -> str:
-    return "[" + ",".join(i.model_dump_json(exclude_unset=True) for i in items) + "]"
+    return "[" + ",".join(i.model_dump_json(exclude_unset=True, by_alias=True) for i in items) + "]"
 
 
 def _texts(items: Iterable[Any], instructions: Any = None) -> list[str]:

@@ -630,7 +630,7 @@ def cut_off(row: Row) -> Row:
         "error": message,
         "owner": None,
         "updated_at": time.time(),
-        "response": response.model_dump_json(exclude_unset=True),
+        "response": response.model_dump_json(exclude_unset=True, by_alias=True),
     }
 
 

@@ -142,7 +142,7 @@ def _as_text(value: Any) -> str:
     if isinstance(value, str):
         return value
     if isinstance(value, pydantic.BaseModel):
-        return value.model_dump_json()
+        return value.model_dump_json(by_alias=True)
     try:
         return json.dumps(value)
     except (TypeError, ValueError):
@@ -195,7 +195,9 @@ async def run_tools(
         calls = [i for i in response.output if isinstance(i, ResponseFunctionToolCall)]
         if not calls:
             return response
-        conversation += [item.model_dump(exclude_none=True) for item in response.output]
+        conversation += [
+            item.model_dump(exclude_none=True, by_alias=True) for item in response.output
+        ]
         # side by side; cancelling the loop cancels them all (gather, not TaskGroup: 3.10)
         outputs = await asyncio.gather(*(_output_for(c, by_name) for c in calls))
         for call, output in zip(calls, outputs, strict=True):

@@ -46,7 +46,7 @@ def check_stream(events: list) -> None:
     """Every event validates; sequence numbers 0..n; items and parts nest; deltas join."""
     assert [e.sequence_number for e in events] == list(range(len(events)))
     for e in events:
-        again = EVENT.validate_python(e.model_dump(mode="json"))
+        again = EVENT.validate_python(e.model_dump(mode="json", by_alias=True))
         assert type(again) is type(e) and again.model_dump() == e.model_dump()
     item = part = None  # the open output index and content index
     count = 0
@@ -89,7 +89,11 @@ def fold(events: list):
     for e in events:
         state.handle_event(e)
     parsed = state._completed_response
-    return None if parsed is None else Response.model_validate(_unparsed(parsed.model_dump()))
+    return (
+        None
+        if parsed is None
+        else Response.model_validate(_unparsed(parsed.model_dump(by_alias=True)))
+    )
 
 
 _EXTRAS = ("parsed", "parsed_arguments", "async")

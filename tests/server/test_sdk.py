@@ -125,6 +125,7 @@ async def test_parse_fills_output_parsed(tokenizer, kind):
         assert parsed.status == "completed"
         assert parsed.output_parsed == City(name="Paris", population=2100000)
         assert parsed.text.format.type == "json_schema" and parsed.text.format.strict
+        assert parsed.text.format.schema_["properties"].keys() == {"name", "population"}
         assert source.params[-1].constraint is not None
         async with target.openai().responses.stream(
             model=MODEL, input="x", text_format=City

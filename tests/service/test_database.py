@@ -461,3 +461,27 @@ async def test_memory_stays_flat_over_a_thousand_stored_responses(tokenizer, db_
     top = "\n".join(f"{g.size_diff} B\n" + "\n".join(g.traceback.format()) for g in grown[:3])
     assert total < 100_000, f"{total} B more after 800 more responses:\n{top}"  # one is ~5 KB
     assert client.store.database.count() == 1100 and len(client.store) == 20
+
+
+async def test_a_structured_response_comes_back_with_its_schema(tokenizer, db_path, clients):
+    """``text.format.schema`` is the SDK's ``schema_`` field under the alias ``schema``: stored
+    and streamed by alias, it survives the restart (it once came back as a load error)."""
+    from helpers.responses import check_stream, stream_events
+
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}},
+        "required": ["a"],
+        "additionalProperties": False,
+    }
+    text = {"format": {"type": "json_schema", "name": "thing", "schema": schema, "strict": True}}
+    first, _ = open_client(clients, tokenizer, db_path, '{"a": 1}')
+    events = await stream_events(first, input="a thing", text=text)
+    check_stream(events)
+    made = events[-1].response
+    assert made.text.format.schema_ == schema
+    first.close()
+    second, _ = open_client(clients, tokenizer, db_path)
+    back = await second.responses.retrieve(made.id)
+    assert back == made and back.text.format.schema_ == schema
+    assert '"schema":' in back.model_dump_json(by_alias=True)
