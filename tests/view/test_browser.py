@@ -689,7 +689,12 @@ def test_a_long_answer_streams_within_the_frame_budget(browser: Any, heat: bool)
     if heat:
         root.locator(".nbr-heat-toggle").click()
         page.page.evaluate("window.harness.frames()")
-    work = page.page.evaluate("([i, m]) => window.harness.stream(i, m)", [wid, messages[1:]])
+    # In chunks, as a comm delivers them: the page never holds the whole stream's messages
+    # (100,000 tokens of logprobs held at once made the page's collector pause for them).
+    work = []
+    for start in range(1, len(messages), 10):
+        chunk = messages[start : start + 10]
+        work += page.page.evaluate("([i, m]) => window.harness.stream(i, m)", [wid, chunk])
     text = state["response"]["output"][0]["content"][0]["text"]
     assert page.state(wid) == state  # patches alone bring the page to the Python state
     assert root.locator(".nbr-status").inner_text() == "completed"
@@ -703,12 +708,10 @@ def test_a_long_answer_streams_within_the_frame_budget(browser: Any, heat: bool)
     worst, median = work[-1], work[len(work) // 2]
     print(f"\n{tokens:,} tokens, {len(work)} frames: median {median:.1f} ms, max {worst:.1f} ms")
     over = [round(w) for w in work if w > FRAME_BUDGET_MS]
-    # Known gap: frames stay flat (median ~6 ms Markdown, ~9 ms heat map) but a few (1-3 of
-    # 200, 50-155 ms here) are held up by the garbage collector (a Chromium trace of the heat
-    # map's stream: scavenges of 20-35 ms and a 53 ms major GC on the slow frames; the page
-    # holds ~1.3 KB of JS heap per token) or, on a busy machine, by the scheduler; tolerated,
-    # not solved (docs/concepts/widget.md).
-    assert len(over) <= len(work) * 3 // 100, (median, over)
+    # Slowest frame 17-29 ms in most runs; about one run in six has a single frame past the
+    # budget (the machine's scheduler or the collector): one of 200 is let through, none past
+    # twice the budget.
+    assert len(over) <= 1 and all(w <= 2 * FRAME_BUDGET_MS for w in over), (median, over)
     assert median <= FRAME_BUDGET_MS / 4, median
     assert page.errors == []
     page.page.close()
