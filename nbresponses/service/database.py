@@ -153,7 +153,8 @@ class StoreError(Exception):
 
 @dataclass
 class _Write:
-    """Rows to upsert (``rows``, or ``build()`` run in the writer thread) or ids to delete."""
+    """One queued write: a row to upsert (``build()`` runs in the writer thread), a delete,
+    retention, or a ``task`` on the writer's connection; ``done`` is set once it ran."""
 
     key: str
     build: Callable[[], Row | None] | None = None
@@ -212,6 +213,9 @@ class ResponseDatabase:
                 self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
             )
             db.row_factory = sqlite3.Row
+            # before anything is written (a no-op on a file that has tables): retention's
+            # deletes give their pages back to the disk (PRAGMA incremental_vacuum)
+            db.execute("PRAGMA auto_vacuum=INCREMENTAL")
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")  # WAL: durable at checkpoints, never corrupt
             db.execute("PRAGMA foreign_keys=ON")
@@ -233,8 +237,6 @@ class ResponseDatabase:
             db.execute("BEGIN IMMEDIATE")
             try:
                 version = db.execute("PRAGMA user_version").fetchone()[0]  # another process?
-                if version == 0:
-                    db.execute("PRAGMA auto_vacuum=INCREMENTAL")  # retention can give space back
                 for number in range(version, len(MIGRATIONS)):
                     for statement in _statements(MIGRATIONS[number]):
                         db.execute(statement)
@@ -646,6 +648,9 @@ def _statements(script: str) -> list[str]:
 
 
 def _pid_alive(owner: str) -> bool:
+    """Whether the owner's process may live (without owner locks: Windows, odd file systems)."""
+    if os.name == "nt":
+        return True  # os.kill would terminate it there; a live response is never failed
     try:
         pid = int(owner.split("-")[0])
         os.kill(pid, 0)

@@ -376,6 +376,8 @@ async def test_retention_by_age_and_size(tokenizer, db_path, clients):
     query = "SELECT id FROM responses ORDER BY created_at"
     left = [r[0] for r in sqlite3.connect(db_path).execute(query)]
     assert left == [r.id for r in made[3:]]  # the oldest went first, the 40-day one too
+    with sqlite3.connect(db_path) as db:  # freed pages go back to the disk
+        assert db.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # incremental
 
 
 async def test_off_keeps_nothing(tokenizer):
