@@ -28,7 +28,7 @@ import time
 import uuid
 import warnings
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -313,7 +313,8 @@ class ResponseDatabase:
         except sqlite3.DatabaseError as exc:
             self._warn("read", f"{self.path} could not be read: {exc}")
             return 0
-        dead = [row["id"] for row in rows if not self._alive(row["owner"] or "")]
+        alive = {owner: self._alive(owner) for owner in {row["owner"] or "" for row in rows}}
+        dead = [row["id"] for row in rows if not alive[row["owner"] or ""]]
         for response_id in dead:
             self.write(response_id, functools.partial(self._failed_row, response_id))
         return len(dead)
@@ -430,14 +431,13 @@ class ResponseDatabase:
                 if op not in failed and self._pending.get(op.key) is op:
                     del self._pending[op.key]
             retry = [op for op in failed if self._pending.get(op.key) is op]
-            if not self.writable:
-                retry = []  # read-only: they live on in the memory store only
+            if not self.writable:  # read-only: they live on in the memory store only
+                for op in retry:
+                    del self._pending[op.key]
+                retry = []
             for op in retry[: max(0, len(retry) - MAX_RETRY)]:
                 del self._pending[op.key]  # still failing: the oldest live on in memory only
             retry = retry[-MAX_RETRY:]
-            if not self.writable:
-                for op in writes:
-                    self._pending.pop(op.key, None)
         for op in batch:
             op.done.set()  # a flush after a failure reports it; the write is retried
         return retry
@@ -594,9 +594,6 @@ class ResponseDatabase:
             "error": self.error,
             "writable": self.writable,
         }
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(r[0] for r in self.query("SELECT id FROM responses WHERE hidden = 0"))
 
 
 _UPSERT = (

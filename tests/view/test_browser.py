@@ -282,15 +282,7 @@ def _logprob_events() -> list[dict[str, Any]]:
             "bytes": list(token.encode()),
             "top_logprobs": top,
         }
-        events.append(
-            {
-                "type": "response.output_text.delta",
-                "output_index": 0,
-                "content_index": 0,
-                "delta": token,
-                "logprobs": [lp],
-            }
-        )
+        events.append(_text_delta(token, lp))
     text = "".join(t for t, _, _ in LOGPROB_TOKENS)
     usage = {
         "input_tokens": 29,
@@ -671,6 +663,17 @@ def _stream_in_frames(events: list[Any], per_frame: int) -> tuple[dict[str, Any]
     return initial, json.loads(json.dumps(sent)), json.loads(json.dumps(state))
 
 
+def _text_delta(token: str, logprob: dict[str, Any]) -> dict[str, Any]:
+    """The delta event of one token of the first message, with its logprob."""
+    return {
+        "type": "response.output_text.delta",
+        "output_index": 0,
+        "content_index": 0,
+        "delta": token,
+        "logprobs": [logprob],
+    }
+
+
 FRAME_BUDGET_MS = 50  # issue 18: a 100,000-token response streams at <= 50 ms per frame
 
 
@@ -757,15 +760,7 @@ def _sweep_events() -> list[dict[str, Any]]:
         top = [{"token": token, "logprob": math.log(p)}]
         top += [{"token": f" a{j}", "logprob": math.log(q)} for j, q in enumerate(alternatives)]
         lp = {"token": token, "logprob": math.log(p), "top_logprobs": top}
-        events.append(
-            {
-                "type": "response.output_text.delta",
-                "output_index": 0,
-                "content_index": 0,
-                "delta": token,
-                "logprobs": [lp],
-            }
-        )
+        events.append(_text_delta(token, lp))
     return events
 
 
