@@ -113,6 +113,11 @@ class _Graph:
         self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
         return name
 
+    def linear(self, x: str, weight: np.ndarray, *, name: str) -> str:
+        """``x @ weight`` ([in, out] weight): every weight matrix of the model goes through here,
+        so one place decides how weights are stored (fp32 here; quantized by subclasses)."""
+        return self.node("MatMul", [x, self.weight(name + ".weight", weight)], name=name)[0]
+
     def node(
         self,
         op: str,
@@ -189,9 +194,7 @@ def build_fused_model(model: Any) -> Any:
         qkv_w = np.concatenate(
             [_np(state[attn + f"{n}_proj.weight"]) for n in ("q", "k", "v")], axis=0
         ).T
-        qkv = g.node(
-            "MatMul", [normed, g.weight(f"layers.{i}.qkv.weight", qkv_w)], name=f"layers.{i}/qkv"
-        )[0]
+        qkv = g.linear(normed, qkv_w, name=f"layers.{i}/qkv")
         if attn + "q_proj.bias" in state:
             qkv_b = np.concatenate([_np(state[attn + f"{n}_proj.bias"]) for n in ("q", "k", "v")])
             qkv = g.node(
@@ -223,9 +226,7 @@ def build_fused_model(model: Any) -> Any:
             scale=float(head_dim**-0.5),
         )[0]
         o_w = _np(state[attn + "o_proj.weight"]).T
-        attn_out = g.node(
-            "MatMul", [context, g.weight(f"layers.{i}.o.weight", o_w)], name=f"layers.{i}/o"
-        )[0]
+        attn_out = g.linear(context, o_w, name=f"layers.{i}/o")
         post = g.weight(f"layers.{i}.post_norm", _np(state[p + "post_attention_layernorm.weight"]))
         normed, _, _, residual = g.node(
             "SkipSimplifiedLayerNormalization",
@@ -238,20 +239,14 @@ def build_fused_model(model: Any) -> Any:
         gate_up_w = np.concatenate(
             [_np(state[p + "mlp.gate_proj.weight"]), _np(state[p + "mlp.up_proj.weight"])], axis=0
         ).T
-        gate_up = g.node(
-            "MatMul",
-            [normed, g.weight(f"layers.{i}.gate_up.weight", gate_up_w)],
-            name=f"layers.{i}/gate_up",
-        )[0]
+        gate_up = g.linear(normed, gate_up_w, name=f"layers.{i}/gate_up")
         gate, up = g.node("Split", [gate_up], 2, name=f"layers.{i}/split", axis=-1, num_outputs=2)
         silu = g.node(
             "QuickGelu", [gate], name=f"layers.{i}/silu", domain="com.microsoft", alpha=1.0
         )[0]  # x * sigmoid(x): SiLU
         act = g.node("Mul", [silu, up], name=f"layers.{i}/swiglu")[0]
         down_w = _np(state[p + "mlp.down_proj.weight"]).T
-        mlp_out = g.node(
-            "MatMul", [act, g.weight(f"layers.{i}.down.weight", down_w)], name=f"layers.{i}/down"
-        )[0]
+        mlp_out = g.linear(act, down_w, name=f"layers.{i}/down")
         if i + 1 < layers:
             gamma = _np(state[f"model.layers.{i + 1}.input_layernorm.weight"])
             norm_name = f"layers.{i + 1}.input_norm"
