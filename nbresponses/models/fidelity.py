@@ -159,7 +159,14 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def _feeds(session: Any, ids: list[int]) -> dict[str, np.ndarray]:
+def _feeds(session: Any, ids: list[int], room: int = 0) -> dict[str, np.ndarray]:
+    """A first run's feeds. Graphs that write the KV in place at ``position_ids`` (the fused
+    graph, ``fused.SCATTER_IN_PLACE``) get past buffers with room for the prompt and ``room``
+    tokens more; the others an empty past that their present grows from."""
+    from nbresponses.models.fused import KV_LAYOUT, LOGITS_TO_KEEP, SCATTER_IN_PLACE
+
+    layout = session.get_modelmeta().custom_metadata_map.get(KV_LAYOUT)
+    width = len(ids) + room if layout == SCATTER_IN_PLACE else 0
     feeds: dict[str, np.ndarray] = {}
     for spec in session.get_inputs():
         if spec.name == "input_ids":
@@ -171,7 +178,9 @@ def _feeds(session: Any, ids: list[int]) -> dict[str, np.ndarray]:
         elif spec.name.startswith("past_key_values"):
             heads, head_dim = spec.shape[1], spec.shape[3]
             dtype = np.float16 if "float16" in spec.type else np.float32
-            feeds[spec.name] = np.zeros((1, heads, 0, head_dim), dtype=dtype)
+            feeds[spec.name] = np.zeros((1, heads, width, head_dim), dtype=dtype)
+        elif spec.name == LOGITS_TO_KEEP:
+            feeds[spec.name] = np.zeros(1, np.int64)  # every position
     return feeds
 
 
@@ -188,7 +197,8 @@ def greedy_continuation(
     pasts = [i.name for i in session.get_inputs() if i.name.startswith("past_key_values")]
     presents = [name.replace("past_key_values.", "present.") for name in pasts]
     names = {i.name for i in session.get_inputs()}
-    feeds = _feeds(session, ids)
+    feeds = _feeds(session, ids, room=max_new)
+    keep = {k: v for k, v in feeds.items() if k == "num_logits_to_keep"}
     out: list[int] = []
     length = len(ids)
     for _ in range(max_new):
@@ -198,7 +208,7 @@ def greedy_continuation(
         if token in stop_ids:
             break
         length += 1
-        feeds = dict(zip(pasts, kv, strict=True))
+        feeds = {**dict(zip(pasts, kv, strict=True)), **keep}
         feeds["input_ids"] = np.array([[token]], np.int64)
         if "attention_mask" in names:
             feeds["attention_mask"] = np.ones((1, length), np.int64)

@@ -31,11 +31,15 @@ from typing import Any
 
 import numpy as np
 
+from nbresponses.models import attention as ops_attention
 from nbresponses.models.errors import RecipeError
 
 OPSET = 21
 KV_LAYOUT = "nbresponses.kv_layout"  # metadata read by nbresponses.runtime.runner
 END_PADDED_IN_PLACE = "end-padded-in-place"  # rows padded at the end; past and present shared
+# the same buffers, written at position_ids by standard-op attention (``attention.py``): any
+# number of new tokens per row in any batch; the past buffers must have room for them
+SCATTER_IN_PLACE = "scatter-in-place"
 LOGITS_TO_KEEP = "num_logits_to_keep"  # optional input [1]: logits of the last N positions
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
 _STATIC_ROPE = (None, "default", "linear", "llama3")
@@ -140,8 +144,14 @@ def _np(tensor: Any) -> np.ndarray:
     return tensor.detach().float().numpy()
 
 
-def build_fused_model(model: Any) -> Any:
-    """The fused fp32 ``onnx.ModelProto`` of a Llama-family ``…ForCausalLM`` PyTorch model."""
+def build_fused_model(model: Any, *, attention: str = "ops") -> Any:
+    """The fused fp32 ``onnx.ModelProto`` of a Llama-family ``…ForCausalLM`` PyTorch model.
+
+    ``attention``: "ops" (``attention.py``: standard operators, the same numbers for every step
+    shape; KV written in place at ``position_ids``) or "gqa" (GroupQueryAttention, the graphs of
+    earlier versions: one-token steps differ from multi-token ones)."""
+    if attention not in ("ops", "gqa"):
+        raise ValueError(f"attention must be 'ops' or 'gqa', got {attention!r}")
     from onnx import TensorProto, helper
 
     config = model.config
@@ -154,22 +164,33 @@ def build_fused_model(model: Any) -> Any:
     g = _Graph()
 
     # -- shared inputs: the total width and each row's length, computed once per run
-    mask_shape = g.node("Shape", ["attention_mask"], name="mask_shape")[0]
     zero = g.weight("const/zero", np.array([0], np.int64))
     one = g.weight("const/one", np.array([1], np.int64))
-    total = g.node("Gather", [mask_shape, one], name="total")[0]  # [1] = past + S
-    total_i32 = g.node("Cast", [total], name="total_i32", to=TensorProto.INT32)[0]
-    total_len = g.node("Squeeze", [total_i32, zero], name="total_len")[0]  # scalar
-    # Rows are padded at the END: each row's length is its own count of ones in the mask, so
-    # its keys sit at the same columns whatever its batch-mates are (see the module docstring).
-    lengths = g.node("ReduceSum", ["attention_mask", one], name="lengths", keepdims=0)[0]
-    lengths_i32 = g.node("Cast", [lengths], name="lengths_i32", to=TensorProto.INT32)[0]
-    seqlens_k = g.node(
-        "Sub", [lengths_i32, g.weight("const/one_i32", np.array([1], np.int32))], name="seqlens_k"
-    )[0]
+    seqlens_k = total_len = ""
+    if attention == "gqa":  # GroupQueryAttention reads each row's length and the total width
+        mask_shape = g.node("Shape", ["attention_mask"], name="mask_shape")[0]
+        total = g.node("Gather", [mask_shape, one], name="total")[0]  # [1] = past + S
+        total_i32 = g.node("Cast", [total], name="total_i32", to=TensorProto.INT32)[0]
+        total_len = g.node("Squeeze", [total_i32, zero], name="total_len")[0]  # scalar
+        # Rows are padded at the END: each row's length is its own count of ones in the mask, so
+        # its keys sit at the same columns whatever its batch-mates are (see the module docstring).
+        lengths = g.node("ReduceSum", ["attention_mask", one], name="lengths", keepdims=0)[0]
+        lengths_i32 = g.node("Cast", [lengths], name="lengths_i32", to=TensorProto.INT32)[0]
+        seqlens_k = g.node(
+            "Sub",
+            [lengths_i32, g.weight("const/one_i32", np.array([1], np.int32))],
+            name="seqlens_k",
+        )[0]
 
     cos, sin = rotary_caches(model, head_dim)
     cos_name, sin_name = g.weight("rotary/cos", cos), g.weight("rotary/sin", sin)
+    qkv_sizes = np.array([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], np.int64)
+    if attention == "ops":
+        step = ops_attention.StepTensors(
+            g,
+            ops_attention.Shape(heads, kv_heads, head_dim),
+            width_of="past_key_values.0.key",
+        )
 
     embed = _np(state["model.embed_tokens.weight"])
     hidden = g.node(
@@ -202,29 +223,57 @@ def build_fused_model(model: Any) -> Any:
             )[0]
         present_k, present_v = f"present.{i}.key", f"present.{i}.value"
         presents += [present_k, present_v]
-        context = g.node(
-            "GroupQueryAttention",
-            [
-                qkv,
-                "",
-                "",
-                f"past_key_values.{i}.key",
-                f"past_key_values.{i}.value",
-                seqlens_k,
-                total_len,
-                cos_name,
-                sin_name,
-                "position_ids",
-            ],
-            [f"layers.{i}/attn/out", present_k, present_v],
-            name=f"layers.{i}/attn",
-            domain="com.microsoft",
-            num_heads=heads,
-            kv_num_heads=kv_heads,
-            do_rotary=1,
-            rotary_interleaved=0,
-            scale=float(head_dim**-0.5),
-        )[0]
+        if attention == "gqa":
+            context = g.node(
+                "GroupQueryAttention",
+                [
+                    qkv,
+                    "",
+                    "",
+                    f"past_key_values.{i}.key",
+                    f"past_key_values.{i}.value",
+                    seqlens_k,
+                    total_len,
+                    cos_name,
+                    sin_name,
+                    "position_ids",
+                ],
+                [f"layers.{i}/attn/out", present_k, present_v],
+                name=f"layers.{i}/attn",
+                domain="com.microsoft",
+                num_heads=heads,
+                kv_num_heads=kv_heads,
+                do_rotary=1,
+                rotary_interleaved=0,
+                scale=float(head_dim**-0.5),
+            )[0]
+        else:
+            q, k, v = g.node(
+                "Split",
+                [qkv, g.weight(f"layers.{i}.qkv.sizes", qkv_sizes)],
+                3,
+                name=f"layers.{i}/qkv_split",
+                axis=-1,
+            )
+            q = ops_attention.rotary(
+                g, q, heads=heads, cos=cos_name, sin=sin_name, rotary_dim=None,
+                name=f"layers.{i}/q_rotary",
+            )  # fmt: skip
+            k = ops_attention.rotary(
+                g, k, heads=kv_heads, cos=cos_name, sin=sin_name, rotary_dim=None,
+                name=f"layers.{i}/k_rotary",
+            )  # fmt: skip
+            context = ops_attention.attention(
+                g,
+                step,
+                name=f"layers.{i}/attn",
+                q=q,
+                k=k,
+                v=v,
+                past=(f"past_key_values.{i}.key", f"past_key_values.{i}.value"),
+                present=(present_k, present_v),
+                scale=float(head_dim**-0.5),
+            )
         o_w = _np(state[attn + "o_proj.weight"]).T
         attn_out = g.linear(context, o_w, name=f"layers.{i}/o")
         post = g.weight(f"layers.{i}.post_norm", _np(state[p + "post_attention_layernorm.weight"]))
@@ -263,7 +312,9 @@ def build_fused_model(model: Any) -> Any:
     # Logits of the last ``num_logits_to_keep`` positions only (0, the default: all of them,
     # as the Optimum export gives). A prompt needs only its last position's logits, and the LM
     # head is a fifth of the model: keeping one position cuts that fifth from every prefill.
-    keep = g.weight(LOGITS_TO_KEEP, np.array([0], np.int64))
+    keep = LOGITS_TO_KEEP
+    if attention == "gqa":
+        g.weight(LOGITS_TO_KEEP, np.array([0], np.int64))
     kept = g.node(
         "Slice",
         [
@@ -279,7 +330,8 @@ def build_fused_model(model: Any) -> Any:
 
     fp32 = TensorProto.FLOAT
     cache_in = ["batch", kv_heads, "past_sequence_length", head_dim]
-    cache_out = ["batch", kv_heads, "total_sequence_length", head_dim]
+    width = "past_sequence_length" if attention == "ops" else "total_sequence_length"
+    cache_out = ["batch", kv_heads, width, head_dim]
     inputs = [
         helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence_length"]),
         helper.make_tensor_value_info(
@@ -288,10 +340,14 @@ def build_fused_model(model: Any) -> Any:
         helper.make_tensor_value_info(
             "position_ids", TensorProto.INT64, ["batch", "sequence_length"]
         ),
-        # an input with a default (its initializer): ONNX Runtime lists it among the
-        # session's overridable initializers, and callers that do not know it are unaffected
+        # GroupQueryAttention graphs: an input with a default (its initializer), which ONNX
+        # Runtime lists among the overridable initializers; callers that do not know it are
+        # unaffected. Ops graphs: a required input, because an IOBinding (every run of those
+        # graphs binds its KV buffers in place) cannot bind an overridable initializer.
         helper.make_tensor_value_info(LOGITS_TO_KEEP, TensorProto.INT64, [1]),
     ]
+    if attention == "ops":  # the mask is not read: positions say where each token goes
+        inputs = [i for i in inputs if i.name != "attention_mask"]
     outputs = [
         helper.make_tensor_value_info(
             "logits", fp32, ["batch", "kept_positions", int(config.vocab_size)]
@@ -311,7 +367,8 @@ def build_fused_model(model: Any) -> Any:
     )
     # GroupQueryAttention appends in place when past and present share a buffer (the runner
     # binds them so); seqlens_k, each row's count of ones in the mask, says where its column goes.
-    helper.set_model_props(model_proto, {KV_LAYOUT: END_PADDED_IN_PLACE})
+    layout = SCATTER_IN_PLACE if attention == "ops" else END_PADDED_IN_PLACE
+    helper.set_model_props(model_proto, {KV_LAYOUT: layout})
     return model_proto
 
 

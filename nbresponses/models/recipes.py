@@ -226,11 +226,12 @@ RECIPES: dict[str, Recipe] = {
         ),
         Recipe(
             "fused-fp32",
-            "our fused graph (GroupQueryAttention, SkipSimplifiedLayerNormalization, packed "
+            "our fused graph (standard-op attention, SkipSimplifiedLayerNormalization, packed "
             "QKV and gate/up) built from the source weights, fp32; Llama-family models only",
             params={
                 "graph": "fused",
-                "kv": "end-padded-in-place",
+                "kv": "scatter-in-place",
+                "attention": "ops",
                 "logits_to_keep": "input",
                 "bits": 32,
             },
@@ -242,7 +243,8 @@ RECIPES: dict[str, Recipe] = {
             "LM head quantized (about 2x the decode speed of q8); Llama-family models only",
             params={
                 "graph": "fused",
-                "kv": "end-padded-in-place",
+                "kv": "scatter-in-place",
+                "attention": "ops",
                 "logits_to_keep": "input",
                 "bits": 8,
                 "block_size": 32,
@@ -257,7 +259,8 @@ RECIPES: dict[str, Recipe] = {
             "LM head quantized (fastest, low fidelity on small models); Llama-family only",
             params={
                 "graph": "fused",
-                "kv": "end-padded-in-place",
+                "kv": "scatter-in-place",
+                "attention": "ops",
                 "logits_to_keep": "input",
                 "bits": 4,
                 "block_size": 32,

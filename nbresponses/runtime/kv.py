@@ -24,6 +24,9 @@ from typing import Any, Protocol
 import numpy as np
 
 HEADROOM = 128  # spare columns of an in-place buffer: a re-allocation every HEADROOM steps at most
+# Graphs whose attention reads every column of the buffer (``models/attention.py``) pay for
+# spare columns in every step; fewer of them, re-allocated more often, cost less.
+SCATTER_HEADROOM = 32
 
 RowKV = list[np.ndarray]  # one [kv_heads, T, head_dim] array per past input, in input order
 
@@ -86,6 +89,14 @@ class Runner(Protocol):
     ) -> tuple[np.ndarray, list[Any]]: ...
 
 
+class StepsRunner(Protocol):
+    """What multi-token steps need of the runner (``runner.OnnxRunner.run_steps``)."""
+
+    def run_steps(
+        self, input_ids: np.ndarray, position_ids: np.ndarray, past: list[Any]
+    ) -> np.ndarray: ...
+
+
 class DecodingRows(Protocol):
     """The KV of the rows decoding now, and the one call that advances them all by a token."""
 
@@ -112,8 +123,9 @@ class DecodingRows(Protocol):
 class EndPaddedKV:
     """In-place buffers with every row's tokens at the start; one batched run per decode step."""
 
-    def __init__(self, layout: KVLayout) -> None:
+    def __init__(self, layout: KVLayout, headroom: int = HEADROOM) -> None:
         self.layout = layout
+        self.headroom = headroom
         self.lengths: list[int] = []
         self._values: list[np.ndarray] = []  # [B, kv, capacity, hd] per past input
         self._bound: list[Any] = []  # OrtValues over ``_values`` (same memory)
@@ -135,9 +147,9 @@ class EndPaddedKV:
     def nbytes(self) -> int:
         return self.size * self.capacity * self.layout.bytes_per_token
 
-    def _make(self, rows: list[tuple[list[np.ndarray], int]]) -> None:
+    def _make(self, rows: list[tuple[list[np.ndarray], int]], spare: int = 0) -> None:
         """New buffers holding ``rows`` (per-input [kv, >=length, hd] arrays and a length)."""
-        columns = max(length for _, length in rows) + HEADROOM
+        columns = max(length for _, length in rows) + max(self.headroom, spare)
         arrays = []
         for i in range(len(self.layout.past_names)):
             like = rows[0][0][i]
@@ -170,10 +182,31 @@ class EndPaddedKV:
         else:
             self.lengths, self._values, self._bound = [], [], []
 
+    def truncate(self, index: int, length: int) -> None:
+        """Forget row ``index``'s columns from ``length`` on (drafted tokens not kept)."""
+        if not 0 <= length <= self.lengths[index]:
+            raise ValueError(f"row {index} holds {self.lengths[index]} tokens, not {length}")
+        self.lengths[index] = length
+
     def row(self, index: int) -> RowKV:
         """A copy of one row's KV without its padding."""
         n = self.lengths[index]
         return [np.array(a[index, :, :n]) for a in self._values]
+
+    def step_tokens(self, runner: StepsRunner, tokens: list[list[int]]) -> np.ndarray:
+        """Feed row i the tokens ``tokens[i]`` (at least one each; graphs with
+        ``runner.exact_steps`` only); returns the logits of every position, [B, S, vocab],
+        where S is the longest list. Shorter rows are padded after their own tokens: the
+        padding's keys land in the row's spare columns, past its length, where no token looks
+        and the next step overwrites them."""
+        count = max(len(t) for t in tokens)
+        if self.width + count > self.capacity:
+            self._make(self._rows(), spare=count)
+        ids = np.array([t + t[-1:] * (count - len(t)) for t in tokens], np.int64)
+        positions = np.array([[n + j for j in range(count)] for n in self.lengths], np.int64)
+        logits = runner.run_steps(ids, positions, self._bound)
+        self.lengths = [n + len(t) for n, t in zip(self.lengths, tokens, strict=True)]
+        return logits
 
     def step(self, runner: Runner, token_ids: list[int]) -> np.ndarray:
         if self.width + 1 > self.capacity:  # no spare column left for the longest row

@@ -26,6 +26,7 @@ from nbresponses.models.fused import (  # the graph builder's names
     END_PADDED_IN_PLACE,
     KV_LAYOUT,
     LOGITS_TO_KEEP,
+    SCATTER_IN_PLACE,
 )
 from nbresponses.runtime.kv import KVLayout
 
@@ -58,7 +59,13 @@ class OnnxRunner:
         metadata = self.session.get_modelmeta().custom_metadata_map
         # Older fused graphs (left padding with an attention bias) lack the mark: they run one
         # row at a time (``kv.SeparateKV``), which is exact for any graph.
-        self.kv_in_place = metadata.get(KV_LAYOUT) == END_PADDED_IN_PLACE
+        layout = metadata.get(KV_LAYOUT)
+        self.kv_in_place = layout in (END_PADDED_IN_PLACE, SCATTER_IN_PLACE)
+        # Graphs whose attention gives a token the same numbers whatever the step shape
+        # (``models/attention.py``): several new tokens per row in a batched step, and KV
+        # computed by decode steps equal to what a prefill computes. Every run binds the KV
+        # buffers in place; the past buffers must have room for the new tokens.
+        self.exact_steps = layout == SCATTER_IN_PLACE
         # Some exports (gpt-oss) derive positions from the attention mask and take no position_ids.
         inputs = {i.name for i in self.session.get_inputs()}
         self._inputs = tuple(
@@ -92,7 +99,10 @@ class OnnxRunner:
         present.
         """
         if in_place:
-            return self._run_in_place(input_ids, attention_mask, position_ids, past)
+            logits, present = self._run_in_place(input_ids, attention_mask, position_ids, past)
+            return logits[:, -1, :], present
+        if self.exact_steps:
+            return self._run_with_room(input_ids, position_ids, past, position)
         given = {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
@@ -143,8 +153,61 @@ class OnnxRunner:
         feeds = [np.ascontiguousarray(given[name]) for name in self._inputs]
         for name, value in zip(self._inputs, feeds, strict=True):
             binding.bind_cpu_input(name, value)
+        if self.exact_steps:
+            feeds.append(np.zeros(1, np.int64))  # num_logits_to_keep: every position
+            binding.bind_cpu_input(LOGITS_TO_KEEP, feeds[-1])
         self.session.run_with_iobinding(binding)  # ``feeds`` stays alive until here
-        return self._logits[:, -1, :], past
+        return self._logits, past
+
+    def run_steps(
+        self, input_ids: np.ndarray, position_ids: np.ndarray, past: list[Any]
+    ) -> np.ndarray:
+        """Several new tokens per row into in-place buffers (``exact_steps`` graphs only): the
+        logits of every position, [B, S, V], valid until the next run."""
+        if not self.exact_steps:
+            raise ValueError(f"{self.model_path} cannot run several tokens per row in a batch")
+        logits, _ = self._run_in_place(input_ids, np.empty((0, 0), np.int64), position_ids, past)
+        return logits
+
+    def _run_with_room(
+        self,
+        input_ids: np.ndarray,
+        position_ids: np.ndarray,
+        past: list[Any],
+        position: int | None,
+    ) -> tuple[np.ndarray, list[Any]]:
+        """A run of an ``exact_steps`` graph on a past without room: copy it into buffers with
+        room for the new tokens, which the graph then fills in place (they are the present)."""
+        batch, count = input_ids.shape
+        buffers = []
+        for value in past:
+            array = value if isinstance(value, np.ndarray) else value.numpy()
+            kv_heads, width, head_dim = array.shape[1:]
+            buffer = np.zeros((batch, kv_heads, width + count, head_dim), array.dtype)
+            buffer[:, :, :width] = array
+            buffers.append(buffer)
+        binding = self.session.io_binding()
+        binding.bind_output("logits")  # first: ``get_outputs()`` lists them in binding order
+        present = [ort.OrtValue.ortvalue_from_numpy(b) for b in buffers]
+        for name, out, value in zip(
+            self.layout.past_names, self.layout.present_names, present, strict=True
+        ):
+            binding.bind_ortvalue_input(name, value)
+            binding.bind_ortvalue_output(out, value)
+        keep = 0 if position is None else -position  # 0: every position
+        feeds = {
+            "input_ids": np.ascontiguousarray(input_ids, np.int64),
+            "position_ids": np.ascontiguousarray(position_ids, np.int64),
+            LOGITS_TO_KEEP: np.array([keep], np.int64),
+        }
+        for name, value in feeds.items():
+            binding.bind_cpu_input(name, value)
+        self.session.run_with_iobinding(binding)
+        full = binding.get_outputs()[0].numpy()
+        logits = full[0] if position is None else full[:, position, :]
+        # the arrays, not the OrtValues: an OrtValue over numpy memory does not own it, and a
+        # view taken with ``.numpy()`` would outlive the array once the OrtValue is dropped
+        return np.ascontiguousarray(logits, dtype=np.float32), buffers
 
 
 def _warmup_inputs(layout: KVLayout) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Any]]:

@@ -38,9 +38,17 @@ import numpy as np
 
 from nbresponses.runtime import sampling
 from nbresponses.runtime.constraints import MaskWorker, RowConstraint
-from nbresponses.runtime.kv import DecodingRows, EndPaddedKV, RowKV, SeparateKV
+from nbresponses.runtime.kv import (
+    HEADROOM,
+    SCATTER_HEADROOM,
+    DecodingRows,
+    EndPaddedKV,
+    RowKV,
+    SeparateKV,
+)
 from nbresponses.runtime.prefix_cache import PrefixCache
 from nbresponses.runtime.runner import OnnxRunner
+from nbresponses.runtime.speculation import Drafter
 from nbresponses.tokens.contract import (
     FinishReason,
     GenerationStats,
@@ -71,6 +79,7 @@ class Request:
     rng: np.random.Generator = field(init=False)
     constraint: RowConstraint | None = field(init=False, default=None)
     generated: list[int] = field(default_factory=list)
+    drafter: Drafter | None = None  # speculation's n-gram index of prompt + generated
     cancelled: bool = False
     done: bool = False
     submitted_at: float = field(default_factory=time.perf_counter)
@@ -100,9 +109,13 @@ class Scheduler:
         self.max_batch_size = max_batch_size
         self.kv_budget_bytes = kv_budget_bytes
         self.prefix_cache = prefix_cache
-        self.kv: DecodingRows = (
-            EndPaddedKV(runner.layout) if runner.kv_in_place else SeparateKV(runner.layout)
-        )
+        self.kv: DecodingRows
+        if runner.kv_in_place:
+            headroom = SCATTER_HEADROOM if runner.exact_steps else HEADROOM
+            self.kv = EndPaddedKV(runner.layout, headroom)
+        else:
+            self.kv = SeparateKV(runner.layout)
+        self.speculation = runner.exact_steps  # verify drafted tokens in one step (below)
         self.rows: list[Request] = []
         self.steps = 0  # decode steps run (for tests and stats)
         self._waiting: deque[Request] = deque()
@@ -243,7 +256,7 @@ class Scheduler:
             logits, values = self.runner.run(ids, mask, positions, values, position=position)
             begin = end
         assert logits is not None
-        row = [v.numpy()[0] for v in values]
+        row = [_array(v)[0] for v in values]
         if row[0].shape[1] > len(tokens):  # the dummy's column
             row = [np.ascontiguousarray(a[:, : len(tokens)]) for a in row]
         return logits[0], row
@@ -318,7 +331,7 @@ class Scheduler:
                     request.stats.output_tokens += len(scored)
                     (self._finish if done else self._send)(request, step)
                 begin = end
-            row = [v.numpy()[0][:, : len(tokens)] for v in values]
+            row = [_array(v)[0][:, : len(tokens)] for v in values]
             self.prefix_cache.store(tokens, [np.ascontiguousarray(a) for a in row])
         except Exception as exc:  # one bad job must not stop the others
             self._finish(request, Step((), finish_reason="error", error=_describe(exc)))
@@ -342,6 +355,8 @@ class Scheduler:
             self.prefix_cache.store(tokens, computed[1])
 
     def _decode(self) -> None:
+        if self.speculation and len(self.rows) == 1 and self._speculate(self.rows[0]):
+            return
         pending = self._masks.start(self.rows)  # computed while the model runs
         try:
             logits = self.kv.step(self.runner, [r.generated[-1] for r in self.rows])
@@ -359,7 +374,76 @@ class Scheduler:
                 finished.append(i)
                 if request.cancelled:
                     self._finish(request, Step((), finish_reason="cancelled"))
+                else:
+                    self._cache_answer(request, i)
         self._remove(finished)
+
+    def _speculate(self, request: Request) -> bool:
+        """One step that feeds the row its last token plus tokens drafted from its own history
+        (``speculation.Drafter``) and keeps the drafts the model would have chosen itself, then
+        the model's own next token. Exact: on these graphs a position's logits are the same
+        bits in a multi-token step as in a one-token step, so every kept token and logprob is
+        what plain decoding gives. False (nothing run) when the row cannot or has no draft."""
+        drafter = request.drafter
+        if drafter is None:
+            if not _greedy_and_free(request):
+                return False
+            drafter = request.drafter = Drafter(request.prompt)
+        drafter.extend(request.generated)
+        room = (
+            min(
+                request.params.max_tokens - len(request.generated),
+                self.context_length - len(request.prompt) - len(request.generated),
+            )
+            - 1
+        )
+        draft = drafter.propose(limit=room)  # fmt: skip
+        if not draft:
+            return False
+        assert isinstance(self.kv, EndPaddedKV)
+        length = self.kv.lengths[0]
+        try:
+            logits = self.kv.step_tokens(self.runner, [[request.generated[-1], *draft]])[0]
+        except Exception as exc:  # as a failed decode step: the row fails, the engine goes on
+            self._finish(request, Step((), finish_reason="error", error=_describe(exc)))
+            self._remove([0])
+            return True
+        self.steps += 1
+        kept = 0
+        finished = False
+        for position in range(len(draft) + 1):
+            if request.cancelled:
+                self._finish(request, Step((), finish_reason="cancelled"))
+                finished = True
+                break
+            if self._emit(request, logits[position]):
+                finished = True
+                break
+            if position == len(draft) or request.generated[-1] != draft[position]:
+                break
+            kept += 1
+        drafter.record(len(draft), kept)
+        stats = request.stats.timings
+        stats["draft_tokens"] = stats.get("draft_tokens", 0) + len(draft)
+        stats["accepted_draft_tokens"] = stats.get("accepted_draft_tokens", 0) + kept
+        # the last token and the kept drafts are in the cache; the rest are overwritten
+        self.kv.truncate(0, length + 1 + kept)
+        if finished:
+            self._cache_answer(request, 0)
+            self._remove([0])
+        return True
+
+    def _cache_answer(self, request: Request, index: int) -> None:
+        """Give the prefix cache a finished row's KV (prompt and answer but its last token)
+        as decoding computed it: on ``exact_steps`` graphs those are the bits a prefill of the
+        same tokens computes, so a follow-up turn reuses them at once."""
+        if not (self.runner.exact_steps and self.prefix_cache.budget_bytes > 0):
+            return
+        if request.cancelled or not request.generated:
+            return
+        tokens = request.prompt + tuple(request.generated[:-1])
+        if self.kv.lengths[index] == len(tokens):
+            self.prefix_cache.store(tokens, self.kv.row(index))
 
     def _remove(self, indices: list[int]) -> None:
         if indices:
@@ -404,7 +488,9 @@ class Scheduler:
             reason = "length"
         step = Step((token,), logprob, finish_reason=reason)
         if reason:
-            if self.prefix_cache.budget_bytes > 0:
+            # graphs whose decode steps compute other bits than prefill (GroupQueryAttention)
+            # re-compute the answer by prefill when idle; others cache it as it is
+            if self.prefix_cache.budget_bytes > 0 and not self.runner.exact_steps:
                 self._idle_work.append(request.prompt + tuple(request.generated))
             self._finish(request, step)
         else:
@@ -444,6 +530,22 @@ def prefill_runs(count: int, chunk: int = PREFILL_CHUNK) -> list[int]:
     if total % chunk:
         runs.append(total % chunk)
     return runs
+
+
+def _greedy_and_free(request: Request) -> bool:
+    """Whether drafted tokens can be checked by comparison: greedy, no grammar, no forcing."""
+    params = request.params
+    return (
+        params.temperature == 0
+        and request.constraint is None
+        and not params.forced_tokens
+        and not request.score_from
+    )
+
+
+def _array(value: Any) -> np.ndarray:
+    """A run's present KV as numpy (runners return OrtValues or, for in-place graphs, arrays)."""
+    return value if isinstance(value, np.ndarray) else value.numpy()
 
 
 def _describe(exc: BaseException) -> str:

@@ -1,0 +1,217 @@
+"""Attention from standard ONNX operators: one computation for every step shape.
+
+Why not GroupQueryAttention: on CPU it computes a one-token step with another kernel than a
+multi-token step (its numbers differ by ~3e-7 at the same position), and it refuses a batch of
+rows with more than one new token each and a past. So a verified speculation step, a decode step
+that carries a prompt chunk, and a batch of prompts with cached prefixes could not give the
+numbers a plain decode step gives. Written with MatMul and Softmax, attention gives a token the
+same bits whatever the step shape, batch and buffer width (``benchmarks/attention.py`` measures
+it), because:
+
+- each score is one dot product over the head (MLAS sums it in the same order for any number of
+  rows of the matrix multiply, as long as there are at least two: a single row takes another
+  kernel, so a model with one query head per KV head gets its queries twice);
+- the Softmax and the probabilities x values sum over the buffer's columns from column 0, and
+  the columns past a token's own position hold exact zeros after the mask (adding 0 changes
+  no bit);
+- the new keys and values are written into the bound buffers in place (ScatterElements at each
+  token's position, the same memory as the input), so no step copies the cache.
+
+Layout: every row's tokens sit at columns 0..length-1 of ``[B, kv_heads, capacity, head_dim]``
+buffers; a token at position p sees columns 0..p (and, on a sliding-window layer, only the last
+``window`` of them). The caller gives buffers with room for the new columns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class GraphBuilder(Protocol):
+    """What the attention needs of the fused builder's graph (``fused._Graph``)."""
+
+    def weight(self, name: str, array: np.ndarray) -> str: ...
+
+    def node(
+        self,
+        op: str,
+        inputs: list[str],
+        outputs: list[str] | int = 1,
+        *,
+        name: str,
+        domain: str = "",
+        **attrs: Any,
+    ) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class Shape:
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+    @property
+    def group(self) -> int:
+        """Query rows per KV head in the score product: at least 2 (see the module docstring)."""
+        return max(2, self.heads // self.kv_heads)
+
+    @property
+    def duplicated(self) -> bool:
+        return self.heads == self.kv_heads
+
+
+class StepTensors:
+    """Tensors every layer shares, computed once per run from ``position_ids`` and the buffer
+    width: the mask as an additive bias, and the columns the new keys go to."""
+
+    def __init__(self, g: GraphBuilder, shape: Shape, *, width_of: str) -> None:
+        self.g, self.shape = g, shape
+        self._consts: dict[str, str] = {}
+        c = self._const
+        node = g.node
+        width = node("Gather", [node("Shape", [width_of], name="kv_shape")[0], c("two", 2)],
+                     name="kv_width")[0]  # fmt: skip
+        columns = node(
+            "Range", [c("zero_s", 0, scalar=True), node("Squeeze", [width], name="kv_width_s")[0],
+                      c("one_s", 1, scalar=True)], name="columns")[0]  # fmt: skip
+        self._columns = columns  # [W]
+        self._positions = node("Unsqueeze", ["position_ids", c("axis2", 2)], name="pos3")[0]
+        self._causal = node("LessOrEqual", [columns, self._positions], name="causal")[0]
+        self.bias = self._bias(self._causal, "bias")
+        self._windows: dict[int, str] = {}
+        # [B, 1, S, 1] -> [B, kv, S, head_dim]: where each new key and value is written
+        at = node("Unsqueeze", ["position_ids", c("axes13", [1, 3])], name="pos4")[0]
+        kv_shape = node("Concat", [node("Shape", ["position_ids"], name="ids_shape")[0],
+                                   c("kv_hd", [shape.kv_heads, shape.head_dim])],
+                        name="scatter_shape0", axis=0)[0]  # fmt: skip
+        # [B, S, kv, hd] order -> [B, kv, S, hd]
+        shape4 = node("Gather", [kv_shape, c("perm_bkshd", [0, 2, 1, 3])], name="scatter_shape")[0]
+        self.scatter_index = node("Expand", [at, shape4], name="scatter_index")[0]
+
+    def _const(self, name: str, value: Any, *, scalar: bool = False) -> str:
+        """An int64 constant, made once per graph whatever the number of layers using it."""
+        if name not in self._consts:
+            array = np.array(value, np.int64)
+            self._consts[name] = self.g.weight(
+                f"attn/const/{name}", array if scalar else np.atleast_1d(array)
+            )
+        return self._consts[name]
+
+    const = _const
+
+    def _bias(self, visible: str, name: str) -> str:
+        """[B, S, W] bool -> [B, 1, S * group, W] float: 0 where visible, -inf elsewhere."""
+        g, c = self.g, self._const
+        zero = g.weight(f"attn/{name}/zero", np.array(0.0, np.float32))
+        masked = g.weight(f"attn/{name}/masked", np.array(-np.inf, np.float32))
+        bias = g.node("Where", [visible, zero, masked], name=f"attn/{name}/where")[0]
+        grouped = g.node("Unsqueeze", [bias, c("axis2", 2)], name=f"attn/{name}/unsq")[0]
+        rows = g.node(
+            "Expand",
+            [grouped, c(f"{name}_group", [1, 1, self.shape.group, 1])],
+            name=f"attn/{name}/expand",
+        )[0]  # [B, S, group, W]
+        flat = c("bias_shape", [0, 1, -1, 0])
+        return g.node("Reshape", [rows, flat], name=f"attn/{name}/rows")[0]
+
+    def window_bias(self, window: int) -> str:
+        """The bias of a sliding-window layer: a token sees its last ``window`` positions."""
+        if window not in self._windows:
+            g = self.g
+            start = g.node(
+                "Sub", [self._positions, self._const(f"window{window}", window)],
+                name=f"attn/window{window}/start")[0]  # fmt: skip
+            recent = g.node("Greater", [self._columns, start], name=f"attn/window{window}/recent")[
+                0
+            ]
+            visible = g.node("And", [self._causal, recent], name=f"attn/window{window}/and")[0]
+            self._windows[window] = self._bias(visible, f"window{window}")
+        return self._windows[window]
+
+
+def rotary(
+    g: GraphBuilder, x: str, *, heads: int, cos: str, sin: str, rotary_dim: int | None, name: str
+) -> str:
+    """Rotate ``x`` [B, S, heads * head_dim] at ``position_ids`` (each token on its own)."""
+    attrs: dict[str, Any] = {"interleaved": 0, "num_heads": heads}
+    if rotary_dim is not None:
+        attrs["rotary_embedding_dim"] = rotary_dim
+    return g.node(
+        "RotaryEmbedding", [x, "position_ids", cos, sin], name=name, domain="com.microsoft", **attrs
+    )[0]
+
+
+def attention(
+    g: GraphBuilder,
+    step: StepTensors,
+    *,
+    name: str,
+    q: str,
+    k: str,
+    v: str,
+    past: tuple[str, str],
+    present: tuple[str, str],
+    scale: float,
+    softcap: float = 0.0,
+    window: int | None = None,
+) -> str:
+    """Attention of ``q`` [B, S, heads * hd] over the buffers after writing ``k``, ``v``
+    [B, S, kv * hd] (already rotated) into them; returns [B, S, heads * hd]."""
+    shape = step.shape
+    kv, hd = shape.kv_heads, shape.head_dim
+
+    const = step.const
+
+    def to_buffer(x: str, which: str, buffer: str, out: str) -> str:
+        split = g.node("Reshape", [x, const("bs_kv_hd", [0, 0, kv, hd])], name=f"{name}/{which}4")
+        heads_first = g.node("Transpose", split, name=f"{name}/{which}_t", perm=[0, 2, 1, 3])
+        return g.node(
+            "ScatterElements",
+            [buffer, step.scatter_index, heads_first[0]],
+            [out],
+            name=f"{name}/{which}_write",
+            axis=2,
+        )[0]
+
+    keys = to_buffer(k, "k", past[0], present[0])
+    values = to_buffer(v, "v", past[1], present[1])
+    per_kv = shape.heads // kv
+    queries = g.node("Reshape", [q, const(f"bs_kv_{per_kv}_hd", [0, 0, kv, per_kv, hd])],
+                     name=f"{name}/q5")[0]  # fmt: skip
+    if shape.duplicated:  # one query head per KV head: two rows, so the product takes MLAS's
+        queries = g.node("Concat", [queries, queries], name=f"{name}/q_twice", axis=3)[0]
+    group = shape.group
+    queries = g.node("Transpose", [queries], name=f"{name}/q_t", perm=[0, 2, 1, 3, 4])[0]
+    queries = g.node("Reshape", [queries, const("b_kv_rows_hd", [0, kv, -1, hd])],
+                     name=f"{name}/q_rows")[0]  # fmt: skip
+    scores = g.node(
+        "FusedMatMul",
+        [queries, keys],
+        name=f"{name}/scores",
+        domain="com.microsoft",
+        transB=1,
+        alpha=float(scale),
+    )[0]  # [B, kv, S * group, W]
+    if softcap:
+        cap = g.weight(f"{name}/softcap", np.array(softcap, np.float32))
+        scores = g.node("Div", [scores, cap], name=f"{name}/softcap_div")[0]
+        scores = g.node("Tanh", [scores], name=f"{name}/softcap_tanh")[0]
+        scores = g.node("Mul", [scores, cap], name=f"{name}/softcap_mul")[0]
+    bias = step.bias if window is None else step.window_bias(window)
+    scores = g.node("Add", [scores, bias], name=f"{name}/mask")[0]
+    probs = g.node("Softmax", [scores], name=f"{name}/softmax", axis=-1)[0]
+    context = g.node("MatMul", [probs, values], name=f"{name}/context")[0]  # [B, kv, S*group, hd]
+    context = g.node("Reshape", [context, const(f"b_kv_s_{group}_hd", [0, kv, -1, group, hd])],
+                     name=f"{name}/context5")[0]  # fmt: skip
+    if shape.duplicated:
+        context = g.node(
+            "Slice",
+            [context, const("zero1", [0]), const("one1", [1]), const("axis3", [3])],
+            name=f"{name}/context_once",
+        )[0]
+    context = g.node("Transpose", [context], name=f"{name}/context_t", perm=[0, 2, 1, 3, 4])[0]
+    return g.node("Reshape", [context, const("b_s_hidden", [0, 0, shape.heads * hd])],
+                  name=f"{name}/context3")[0]  # fmt: skip
