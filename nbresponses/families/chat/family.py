@@ -118,6 +118,7 @@ class ChatFamily:
             forced_tool=req.forced_tool,
             parallel=req.parallel_tool_calls,
             prefill=prompt.lead,
+            may_think=prompt.start == "free" and self.caps.reasons,
         )
         constraint = Grammar.lark(self.grammar_tokenizer(), grammar) if grammar else None
 
