@@ -182,8 +182,6 @@ def problems(config: Any) -> list[str]:
         )
     if getattr(config, "use_bidirectional_attention", False):
         found.append("bidirectional attention")
-    if model_type == "mistral" and any(layer_windows(config)):
-        found.append("sliding-window attention on Mistral (untested here)")
     rot = rotary_dim(config)
     if rot != head_dim(config) and (rot % 16 or rot > head_dim(config)):
         found.append(f"partial rotary of {rot} of {head_dim(config)} dims (needs a multiple of 16)")

@@ -1,9 +1,10 @@
 """Tiny random-weight decoders of each architecture the fused builder covers, from configs.
 
-Each is the shape of a real family (Qwen3's q/k norms, SmolLM3's layers without rotary, Gemma 3's
-sandwich norms, sliding window and soft-capped logits, Llama 3.x's rope scaling, Phi-3/4's packed
-weights, long-rope and partial rotary) at 64 wide and 2-3 layers, so a test builds, exports and
-runs one in seconds. Their answers are noise; their arithmetic is the real one.
+Each is the shape of a real family (Llama 3.x's rope scaling, Mistral's window on every layer,
+Qwen3's q/k norms, SmolLM3's layers without rotary, Gemma 3's sandwich norms, sliding windows and
+soft-capped logits, Phi-3/4's packed weights, long-rope and partial rotary) at 64-128 wide and 2-3
+layers, so a test builds, exports and runs one in seconds. Their answers are noise; their
+arithmetic is the real one.
 """
 
 from __future__ import annotations
@@ -43,6 +44,13 @@ def llama3(vocab_size: int) -> Any:
     return LlamaConfig(**_common(vocab_size, rope_scaling=scaling, rope_theta=500000.0))
 
 
+def mistral(vocab_size: int) -> Any:
+    """Mistral 7B v0.1's shape: one sliding window on every layer."""
+    from transformers import MistralConfig
+
+    return MistralConfig(**_common(vocab_size, sliding_window=SLIDING_WINDOW))
+
+
 def qwen3(vocab_size: int) -> Any:
     from transformers import Qwen3Config
 
@@ -79,12 +87,12 @@ def gemma3(vocab_size: int) -> Any:
 def _phi3(vocab_size: int, *, partial_rotary_factor: float, tied: bool, **shape: int) -> Any:
     from transformers import Phi3Config
 
-    common = _common(vocab_size, max_position_embeddings=1024, tie_word_embeddings=tied, **shape)
+    common = _common(vocab_size, max_position_embeddings=4096, tie_word_embeddings=tied, **shape)
     head = common["hidden_size"] // common["num_attention_heads"]
     half = int(head * partial_rotary_factor) // 2
     return Phi3Config(
         **common,
-        original_max_position_embeddings=128,
+        original_max_position_embeddings=1024,
         partial_rotary_factor=partial_rotary_factor,
         rope_scaling={
             "type": "longrope",
@@ -95,7 +103,7 @@ def _phi3(vocab_size: int, *, partial_rotary_factor: float, tied: bool, **shape:
 
 
 def phi3(vocab_size: int) -> Any:
-    """Phi-3.5-mini's shape: packed qkv and gate/up, long-rope beyond 128 positions."""
+    """Phi-3.5-mini's shape: packed qkv and gate/up, long-rope beyond 1,024 positions."""
     return _phi3(vocab_size, partial_rotary_factor=1.0, tied=False)
 
 
@@ -114,6 +122,7 @@ def phi4_mini(vocab_size: int) -> Any:
 
 ARCHITECTURES: dict[str, Callable[[int], Any]] = {
     "llama3": llama3,
+    "mistral": mistral,
     "qwen3": qwen3,
     "smollm3": smollm3,
     "gemma3": gemma3,
