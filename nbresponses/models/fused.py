@@ -1,11 +1,14 @@
-"""Build a fused ONNX graph for Llama-family decoders straight from the Hugging Face weights.
+"""Build a fused ONNX graph for the common decoder families straight from the Hugging Face weights.
 
 Why: the Optimum export runs ~3,150 small kernels per decoded token (shape arithmetic, unfused
 attention, rotary and RMSNorm), which dominates decode time (docs/concepts/measurements.md). This
 builder writes about ten kernels per layer instead, with ONNX Runtime's contrib ops:
 ``SkipSimplifiedLayerNormalization`` (residual add + RMSNorm), one packed QKV MatMul,
-``GroupQueryAttention`` (rotary, KV concat, causal softmax in one kernel), one packed gate/up MatMul
-and ``SwiGLU``.
+``GroupQueryAttention`` (rotary, KV concat, causal or sliding-window softmax in one kernel), one
+packed gate/up MatMul and the gated activation. The families (Llama 3.x, Mistral, Qwen2/3,
+SmolLM3, Gemma 3, Phi-3/4) differ in a few places, listed in ``architectures.py``; the loop here
+is written once. What it cannot build exactly it refuses (``UnsupportedArchitecture``, with the
+reason), and the "auto" and "analysis" recipes then move on to the Optimum graphs.
 
 The graph keeps the Optimum export's inputs and outputs, names and meaning, so ``fidelity.py``
 runs it unchanged: ``input_ids``, ``attention_mask`` [B, past+S], ``position_ids`` [B, S],

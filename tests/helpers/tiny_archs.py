@@ -132,18 +132,24 @@ ARCHITECTURES: dict[str, Callable[[int], Any]] = {
 
 
 def build_tiny_model(
-    name: str, vocab_size: int, *, seed: int = 0, special_ids: dict[str, int] | None = None
+    name: str,
+    vocab_size: int,
+    *,
+    seed: int = 0,
+    special_ids: dict[str, int] | None = None,
+    **changes: Any,
 ) -> Any:
     """The seeded random-weight PyTorch model of architecture ``name``, in eval mode.
 
     ``special_ids``: ``bos_token_id``, ``eos_token_id``, ``pad_token_id`` of the tokenizer it
-    is meant for (the configs' defaults are the real models', outside a tiny vocabulary).
+    is meant for (the configs' defaults are the real models', outside a tiny vocabulary);
+    ``changes``: other config attributes to set.
     """
     import torch
     from transformers import AutoModelForCausalLM
 
     config = ARCHITECTURES[name](vocab_size)
-    for key, value in (special_ids or {"pad_token_id": 0}).items():
+    for key, value in {**(special_ids or {"pad_token_id": 0}), **changes}.items():
         setattr(config, key, value)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()

@@ -103,12 +103,12 @@ def test_the_prompts_run_past_the_sliding_window(prompts) -> None:
 
 def test_fp32_graph_equals_pytorch_prefill_and_decode(arch, prompts) -> None:
     """Prefill logits, then a greedy decode loop fed its own past: PyTorch's logits at every
-    position within 1e-4 of their scale, and PyTorch's greedy tokens (three prompts of 31 to
-    49 tokens: the shortest, a middle one, the longest)."""
+    position within 1e-4 of their scale, and PyTorch's greedy tokens (four prompts of 31 to
+    49 tokens: the shortest, two between, the longest)."""
     name, model, graph = arch
     session = _session(graph)
     worst = 0.0
-    for prompt in sorted(prompts, key=len)[::2] + [max(prompts, key=len)]:
+    for prompt in [*sorted(prompts, key=len)[::2], max(prompts, key=len)]:
         logits, past = _step(session, prompt, 0, _empty_past(session))
         generated, decoded = [], [logits[-1]]
         for _ in range(DECODE_STEPS - 1):
@@ -124,6 +124,17 @@ def test_fp32_graph_equals_pytorch_prefill_and_decode(arch, prompts) -> None:
         # PyTorch's argmax after each prefix of our tokens: our greedy tokens are PyTorch's
         assert generated == reference[len(prompt) - 1 :].argmax(-1).tolist(), name
     assert worst > 0  # another kernel's summation order: equal to rounding, not identical
+
+
+def test_yarn_rope_scaling_equals_pytorch(prompts, tokenizer) -> None:
+    """Qwen3's long-context setting (yarn): a fixed function of the position, like llama3's."""
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}
+    model = build_tiny_model("qwen3", len(tokenizer), rope_scaling=yarn)
+    session = _session(build_fused_model(model))
+    prompt = max(prompts, key=len)
+    logits, _ = _step(session, prompt, 0, _empty_past(session))
+    reference = _torch_logits(model, prompt)
+    assert np.abs(logits - reference).max() <= RELATIVE * np.abs(reference).max()
 
 
 def test_graph_is_fused(arch) -> None:
