@@ -118,16 +118,15 @@ class StepTensors:
         return g.node("Reshape", [rows, flat], name=f"attn/{name}/rows")[0]
 
     def window_bias(self, window: int) -> str:
-        """The bias of a sliding-window layer: a token sees its last ``window`` positions."""
+        """The bias of a sliding-window layer: a token at p sees the keys at p - window .. p,
+        as GroupQueryAttention's ``local_window_size`` (and transformers' ``sliding_window``,
+        measured in tests/models/test_fused_architectures.py) count them."""
         if window not in self._windows:
-            g = self.g
-            start = g.node(
-                "Sub", [self._positions, self._const(f"window{window}", window)],
-                name=f"attn/window{window}/start")[0]  # fmt: skip
-            recent = g.node("Greater", [self._columns, start], name=f"attn/window{window}/recent")[
-                0
-            ]
-            visible = g.node("And", [self._causal, recent], name=f"attn/window{window}/and")[0]
+            g, tag = self.g, f"attn/window{window}"
+            start = g.node("Sub", [self._positions, self._const(f"window{window}", window)],
+                           name=f"{tag}/start")[0]  # fmt: skip
+            recent = g.node("GreaterOrEqual", [self._columns, start], name=f"{tag}/recent")[0]
+            visible = g.node("And", [self._causal, recent], name=f"{tag}/and")[0]
             self._windows[window] = self._bias(visible, f"window{window}")
         return self._windows[window]
 
