@@ -14,7 +14,7 @@ it), because:
 - the Softmax and the probabilities x values sum over the buffer's columns from column 0, and
   the columns past a token's own position hold exact zeros after the mask (adding 0 changes
   no bit);
-- the new keys and values are written into the bound buffers in place (ScatterElements at each
+- the new keys and values are written into the bound buffers in place (ScatterND at each
   token's position, the same memory as the input), so no step copies the cache.
 
 Layout: every row's tokens sit at columns 0..length-1 of ``[B, kv_heads, capacity, head_dim]``
@@ -82,14 +82,20 @@ class StepTensors:
         self._causal = node("LessOrEqual", [columns, self._positions], name="causal")[0]
         self.bias = self._bias(self._causal, "bias")
         self._windows: dict[int, str] = {}
-        # [B, 1, S, 1] -> [B, kv, S, head_dim]: where each new key and value is written
-        at = node("Unsqueeze", ["position_ids", c("axes13", [1, 3])], name="pos4")[0]
-        kv_shape = node("Concat", [node("Shape", ["position_ids"], name="ids_shape")[0],
-                                   c("kv_hd", [shape.kv_heads, shape.head_dim])],
-                        name="scatter_shape0", axis=0)[0]  # fmt: skip
-        # [B, S, kv, hd] order -> [B, kv, S, hd]
-        shape4 = node("Gather", [kv_shape, c("perm_bkshd", [0, 2, 1, 3])], name="scatter_shape")[0]
-        self.scatter_index = node("Expand", [at, shape4], name="scatter_index")[0]
+        # [B, S, kv, 3]: (row, kv head, position) of each new key and value, for ScatterND,
+        # which takes them in the projection's own [B, S, kv, head_dim] order (no transpose)
+        ids_shape = node("Shape", ["position_ids"], name="ids_shape")[0]  # [B, S]
+        index_shape = node("Concat", [ids_shape, c("kv_one", [shape.kv_heads, 1])],
+                           name="index_shape", axis=0)[0]  # fmt: skip
+        batch = node("Gather", [ids_shape, c("zero", 0, scalar=True)], name="batch")[0]
+        rows = node("Range", [c("zero_s", 0, scalar=True), batch, c("one_s", 1, scalar=True)],
+                    name="rows")[0]  # fmt: skip
+        row_index = node("Reshape", [rows, c("b111", [-1, 1, 1, 1])], name="row_index")[0]
+        head_index = c("heads", np.arange(shape.kv_heads).reshape(1, 1, -1, 1))
+        at = node("Unsqueeze", ["position_ids", c("axes23", [2, 3])], name="pos4")[0]
+        parts = [node("Expand", [x, index_shape], name=f"index_{n}")[0]
+                 for x, n in ((row_index, "rows"), (head_index, "heads"), (at, "positions"))]  # fmt: skip
+        self.scatter_index = node("Concat", parts, name="scatter_index", axis=-1)[0]
 
     def _const(self, name: str, value: Any, *, scalar: bool = False) -> str:
         """An int64 constant, made once per graph whatever the number of layers using it."""
@@ -118,14 +124,14 @@ class StepTensors:
         return g.node("Reshape", [rows, flat], name=f"attn/{name}/rows")[0]
 
     def window_bias(self, window: int) -> str:
-        """The bias of a sliding-window layer: a token at p sees the keys at p - window .. p,
-        as GroupQueryAttention's ``local_window_size`` (and transformers' ``sliding_window``,
-        measured in tests/models/test_fused_architectures.py) count them."""
+        """The bias of a sliding-window layer: a token at p sees the ``window`` keys after
+        p - window (its own included), as transformers' ``sliding_window`` counts them
+        (tests/models/test_fused_architectures.py compares with PyTorch past the window)."""
         if window not in self._windows:
             g, tag = self.g, f"attn/window{window}"
             start = g.node("Sub", [self._positions, self._const(f"window{window}", window)],
                            name=f"{tag}/start")[0]  # fmt: skip
-            recent = g.node("GreaterOrEqual", [self._columns, start], name=f"{tag}/recent")[0]
+            recent = g.node("Greater", [self._columns, start], name=f"{tag}/recent")[0]
             visible = g.node("And", [self._causal, recent], name=f"{tag}/and")[0]
             self._windows[window] = self._bias(visible, f"window{window}")
         return self._windows[window]
@@ -166,13 +172,8 @@ def attention(
 
     def to_buffer(x: str, which: str, buffer: str, out: str) -> str:
         split = g.node("Reshape", [x, const("bs_kv_hd", [0, 0, kv, hd])], name=f"{name}/{which}4")
-        heads_first = g.node("Transpose", split, name=f"{name}/{which}_t", perm=[0, 2, 1, 3])
         return g.node(
-            "ScatterElements",
-            [buffer, step.scatter_index, heads_first[0]],
-            [out],
-            name=f"{name}/{which}_write",
-            axis=2,
+            "ScatterND", [buffer, step.scatter_index, split[0]], [out], name=f"{name}/{which}_write"
         )[0]
 
     keys = to_buffer(k, "k", past[0], present[0])

@@ -123,9 +123,9 @@ class DecodingRows(Protocol):
 class EndPaddedKV:
     """In-place buffers with every row's tokens at the start; one batched run per decode step."""
 
-    def __init__(self, layout: KVLayout, headroom: int = HEADROOM) -> None:
+    def __init__(self, layout: KVLayout, *, reads_every_column: bool = False) -> None:
         self.layout = layout
-        self.headroom = headroom
+        self.reads_every_column = reads_every_column  # picks the headroom (module constants)
         self.lengths: list[int] = []
         self._values: list[np.ndarray] = []  # [B, kv, capacity, hd] per past input
         self._bound: list[Any] = []  # OrtValues over ``_values`` (same memory)
@@ -149,7 +149,8 @@ class EndPaddedKV:
 
     def _make(self, rows: list[tuple[list[np.ndarray], int]], spare: int = 0) -> None:
         """New buffers holding ``rows`` (per-input [kv, >=length, hd] arrays and a length)."""
-        columns = max(length for _, length in rows) + max(self.headroom, spare)
+        headroom = SCATTER_HEADROOM if self.reads_every_column else HEADROOM
+        columns = max(length for _, length in rows) + max(headroom, spare)
         arrays = []
         for i in range(len(self.layout.past_names)):
             like = rows[0][0][i]

@@ -38,14 +38,7 @@ import numpy as np
 
 from nbresponses.runtime import sampling
 from nbresponses.runtime.constraints import MaskWorker, RowConstraint
-from nbresponses.runtime.kv import (
-    HEADROOM,
-    SCATTER_HEADROOM,
-    DecodingRows,
-    EndPaddedKV,
-    RowKV,
-    SeparateKV,
-)
+from nbresponses.runtime.kv import DecodingRows, EndPaddedKV, RowKV, SeparateKV
 from nbresponses.runtime.prefix_cache import PrefixCache
 from nbresponses.runtime.runner import OnnxRunner
 from nbresponses.runtime.speculation import Drafter
@@ -111,8 +104,7 @@ class Scheduler:
         self.prefix_cache = prefix_cache
         self.kv: DecodingRows
         if runner.kv_in_place:
-            headroom = SCATTER_HEADROOM if runner.exact_steps else HEADROOM
-            self.kv = EndPaddedKV(runner.layout, headroom)
+            self.kv = EndPaddedKV(runner.layout, reads_every_column=runner.exact_steps)
         else:
             self.kv = SeparateKV(runner.layout)
         self.speculation = runner.exact_steps  # verify drafted tokens in one step (below)

@@ -37,25 +37,36 @@ def tiny_fused(tiny_source: Path, cache_dir: Path):
     return prepare_model(tiny_source, "fused-fp32", cache_dir=cache_dir, progress=False)
 
 
-def test_same_io_as_the_optimum_export(tiny_fused, tiny_model) -> None:
+def test_io_names_of_the_optimum_export(tiny_fused, tiny_model) -> None:
+    """The Optimum export's names and meaning, without the mask (the positions say where each
+    token goes) and with ``num_logits_to_keep``; each present is its past buffer, written in
+    place, so both have the same (symbolic) width."""
     ours, theirs = _session(tiny_fused.onnx_path), _session(tiny_model.onnx_path)
-    assert [i.name for i in ours.get_inputs()] == [i.name for i in theirs.get_inputs()]
+    expected = [i.name for i in theirs.get_inputs() if i.name != "attention_mask"]
+    expected.insert(2, "num_logits_to_keep")
+    assert [i.name for i in ours.get_inputs()] == expected
     assert [o.name for o in ours.get_outputs()] == [o.name for o in theirs.get_outputs()]
-    for a, b in zip(ours.get_inputs(), theirs.get_inputs(), strict=True):
-        assert a.type == b.type and len(a.shape) == len(b.shape), a.name
+    outputs = {o.name: o for o in ours.get_outputs()}
+    for a in ours.get_inputs():
         if a.name.startswith("past_key_values"):
-            assert a.shape[1::2] == b.shape[1::2]  # kv heads and head_dim
+            present = outputs[a.name.replace("past_key_values.", "present.")]
+            assert a.shape == present.shape and a.shape[2] == "past_sequence_length"
+    meta = ours.get_modelmeta().custom_metadata_map
+    assert meta["nbresponses.kv_layout"] == "scatter-in-place"
 
 
 def test_graph_is_fused(tiny_fused, tiny_model) -> None:
-    """About a dozen nodes per layer, attention in one kernel, nothing left unfused."""
+    """Attention from standard ops (``models/attention.py``), everything else fused."""
     ops = Counter(n.op_type for n in onnx.load(str(tiny_fused.onnx_path)).graph.node)
     layers = tiny_model.config["num_hidden_layers"]
-    assert ops["GroupQueryAttention"] == layers
+    assert ops["GroupQueryAttention"] == 0
     assert ops["SkipSimplifiedLayerNormalization"] == 2 * layers
-    assert ops["MatMul"] == 4 * layers + 1  # packed qkv, o, packed gate/up, down; the LM head
-    assert not {"Softmax", "Transpose", "Pow", "ReduceMean", "Sin", "Cos"} & set(ops)
-    assert sum(ops.values()) <= 10 * layers + 20
+    # packed qkv, o, packed gate/up, down and probabilities x values; the LM head
+    assert ops["MatMul"] == 5 * layers + 1
+    assert ops["FusedMatMul"] == ops["Softmax"] == layers
+    assert ops["ScatterND"] == ops["RotaryEmbedding"] == 2 * layers
+    assert not {"Pow", "ReduceMean", "Sin", "Cos"} & set(ops)
+    assert sum(ops.values()) <= 22 * layers + 40
 
 
 def test_logits_equal_the_optimum_export(tiny_fused, tiny_model, tokenizer) -> None:
@@ -73,21 +84,16 @@ def test_logits_of_the_last_positions_only_on_request(tiny_fused, tokenizer) -> 
     """``num_logits_to_keep``: absent or 0 gives every position (fidelity, Optimum callers); 1
     gives the last only (the engine's prefill), with the same values."""
     session = _session(tiny_fused.onnx_path)
-    assert [i.name for i in session.get_overridable_initializers()] == ["num_logits_to_keep"]
     ids = np.asarray([_conversation_ids(tokenizer)[:20]], np.int64)
     feeds = {
         "input_ids": ids,
-        "attention_mask": np.ones_like(ids),
         "position_ids": np.arange(ids.shape[1], dtype=np.int64)[None],
     }
     for inp in session.get_inputs():
-        if inp.name.startswith("past_key_values"):
-            feeds[inp.name] = np.zeros((1, inp.shape[1], 0, inp.shape[3]), np.float32)
-    full = session.run(["logits"], feeds)[0]
+        if inp.name.startswith("past_key_values"):  # room for the 20 tokens, written in place
+            feeds[inp.name] = np.zeros((1, inp.shape[1], 20, inp.shape[3]), np.float32)
+    full = session.run(["logits"], {**feeds, "num_logits_to_keep": np.array([0])})[0]
     assert full.shape[1] == 20
-    np.testing.assert_array_equal(
-        session.run(["logits"], {**feeds, "num_logits_to_keep": np.array([0])})[0], full
-    )
     for keep in (1, 3):
         some = session.run(["logits"], {**feeds, "num_logits_to_keep": np.array([keep])})[0]
         assert some.shape[1] == keep
@@ -101,46 +107,91 @@ def test_the_engine_asks_for_the_last_position_only(tiny_fused, tiny_model) -> N
     assert not OnnxRunner(tiny_model.onnx_path).last_logits_only  # the Optimum graph has no input
 
 
-def test_end_padded_decode_is_bit_identical_to_alone(tiny_fused, tiny_model) -> None:
-    """One decode step for two rows of different lengths, the shorter padded at the END with
-    garbage: the fused graph gives the shorter row exactly its logits alone (each row's keys
-    stay at their columns), and the same as the Optimum graph within fp32 rounding."""
-    results = {}
-    for name, prepared in (("fused", tiny_fused), ("optimum", tiny_model)):
-        session = _session(prepared.onnx_path)
-        pasts = [i.name for i in session.get_inputs() if i.name.startswith("past_key_values")]
-        heads, dim = session.get_inputs()[3].shape[1], session.get_inputs()[3].shape[3]
+def test_a_row_batched_with_garbage_padding_equals_the_row_alone(tiny_fused) -> None:
+    """One decode step for two rows of different lengths, the shorter one's spare columns full
+    of garbage: the shorter row gets exactly its logits alone (each row's keys stay at their
+    columns, and the mask keeps a row to its own positions)."""
+    from nbresponses.runtime.kv import EndPaddedKV
+    from nbresponses.runtime.runner import OnnxRunner
 
-        def run(ids, mask, positions, past, session=session, pasts=pasts):
-            out = session.run(
-                None,
-                {
-                    "input_ids": np.asarray(ids, np.int64),
-                    "attention_mask": mask,
-                    "position_ids": np.asarray(positions, np.int64),
-                    **dict(zip(pasts, past, strict=True)),
-                },
-            )
-            return out[0], out[1:]
+    runner = OnnxRunner(tiny_fused.onnx_path)
+    empty = runner.layout.empty()
+    rows = [list(range(10, 20)), list(range(30, 36))]
+    prefilled = [
+        runner.run(np.array([r]), None, np.arange(len(r))[None], empty)[1]
+        for r in rows  # type: ignore[arg-type]
+    ]
+    alone = EndPaddedKV(runner.layout, reads_every_column=True)
+    alone.add_rows([[a[0] for a in prefilled[1]]])
+    expected = np.array(alone.step(runner, [60])[0])
+    batch = EndPaddedKV(runner.layout, reads_every_column=True)
+    batch.add_rows([[a[0] for a in p] for p in prefilled])
+    noise = np.random.default_rng(0)
+    for buffer in batch._values:  # the shorter row's unused columns: garbage
+        buffer[1, :, 6:] = noise.normal(0, 30, buffer[1, :, 6:].shape)
+    np.testing.assert_array_equal(batch.step(runner, [50, 60])[1], expected)
 
-        empty = [np.zeros((1, heads, 0, dim), np.float32)] * len(pasts)
-        rows = [list(range(10, 20)), list(range(30, 36))]
-        prefilled = [run([r], np.ones((1, len(r)), np.int64), [range(len(r))], empty) for r in rows]
-        alone, _ = run([[60]], np.ones((1, 7), np.int64), [[6]], prefilled[1][1])
-        results[name] = alone
-        if name != "fused":
-            continue
-        merged, noise = [], np.random.default_rng(0)
-        for long, short in zip(prefilled[0][1], prefilled[1][1], strict=True):
-            # padding holds garbage: only each row's length may keep it out of the attention
-            batch = noise.normal(0, 30, (2, heads, 10, dim)).astype(np.float32)
-            batch[0], batch[1, :, :6] = long[0], short[0]
-            merged.append(batch)
-        mask = np.ones((2, 11), np.int64)
-        mask[1, 7:] = 0
-        batched, _ = run([[50], [60]], mask, [[10], [6]], merged)
-        np.testing.assert_array_equal(batched[1, -1], alone[0, -1])
-    np.testing.assert_allclose(results["fused"], results["optimum"], atol=1e-4)
+
+def test_every_step_shape_gives_the_same_bits(tiny_fused, tiny_source, tokenizer) -> None:
+    """A token's logits and KV are the same bits whether its position is computed in one
+    prefill, one token at a time, in chunks of any size, or among batch-mates that feed other
+    numbers of tokens: what makes speculation, mixed steps and caching decoded KV exact. A
+    GroupQueryAttention graph of the same weights does not do that (its one-token kernel sums
+    in another order), which is why the fused graph no longer uses it."""
+    import onnxruntime as ort
+    from transformers import AutoModelForCausalLM
+
+    from nbresponses.models.fused import build_fused_model
+    from nbresponses.runtime.kv import EndPaddedKV
+    from nbresponses.runtime.runner import OnnxRunner
+
+    runner = OnnxRunner(tiny_fused.onnx_path)
+    ids = _conversation_ids(tokenizer)[:48]
+
+    def schedule(chunks: list[int], mates: int = 0) -> tuple[np.ndarray, list[np.ndarray]]:
+        noise = np.random.default_rng(len(chunks) + mates)
+        kv = EndPaddedKV(runner.layout, reads_every_column=True)
+        first = runner.run(np.array([ids[:2]]), None, np.arange(2)[None], runner.layout.empty())
+        starts = [runner.run(np.array([[5, 6]]), None, np.arange(2)[None], runner.layout.empty())]
+        kv.add_rows([[a[0] for a in first[1]]] + [[a[0] for a in starts[0][1]]] * mates)
+        out, at = [first[0][0]], 2
+        for n in chunks:
+            mate_tokens = [[int(t) for t in noise.integers(0, 1000, noise.integers(1, 4))]
+                           for _ in range(mates)]  # fmt: skip
+            logits = kv.step_tokens(runner, [ids[at : at + n], *mate_tokens])
+            out.extend(np.array(logits[0, :n]))
+            at += n
+        return np.stack(out[:-1]), kv.row(0)
+
+    one_by_one = schedule([1] * 46)
+    for chunks, mates in (([46], 0), ([3, 1, 7, 1, 16, 2, 16], 0), ([1] * 46, 3), ([5, 9, 32], 2)):
+        logits, kv = schedule(chunks, mates)
+        np.testing.assert_array_equal(logits, one_by_one[0], err_msg=f"{chunks} {mates}")
+        for a, b in zip(kv, one_by_one[1], strict=True):
+            np.testing.assert_array_equal(a, b)
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_source)).eval()
+    gqa = ort.InferenceSession(
+        build_fused_model(model, attention="gqa").SerializeToString(),
+        providers=["CPUExecutionProvider"],
+    )
+    names = [i.name for i in gqa.get_inputs() if i.name.startswith("past_key_values")]
+
+    def run(tokens: list[int], start: int, past: list[np.ndarray]):
+        feeds = {
+            "input_ids": np.array([tokens]),
+            "attention_mask": np.ones((1, start + len(tokens)), np.int64),
+            "position_ids": np.arange(start, start + len(tokens))[None],
+            **dict(zip(names, past, strict=True)),
+        }
+        logits, *present = gqa.run(None, feeds)
+        return logits[0], present
+
+    whole, _ = run(ids[:12], 0, [np.zeros((1, 2, 0, 16), np.float32)] * len(names))
+    _, past = run(ids[:11], 0, [np.zeros((1, 2, 0, 16), np.float32)] * len(names))
+    step, _ = run(ids[11:12], 11, past)
+    assert not np.array_equal(step[0], whole[11])  # equal to rounding only
+    np.testing.assert_allclose(step[0], whole[11], rtol=0, atol=1e-3 * np.abs(whole).max())
 
 
 async def test_engine_greedy_matches_pytorch_batched_and_alone(tiny_fused, tiny_source, tokenizer):
@@ -162,6 +213,7 @@ async def test_in_place_kv_joins_leaves_and_grows(tiny_fused, tiny_model, tokeni
     from nbresponses.runtime import kv
 
     monkeypatch.setattr(kv, "HEADROOM", 3)
+    monkeypatch.setattr(kv, "SCATTER_HEADROOM", 3)
     prompts = [chat_ids(tokenizer, text) for text in PROMPTS]
     lengths = [SamplingParams(max_tokens=n, temperature=0) for n in (40, 5, 17, 2, 33, 9)]
 

@@ -67,9 +67,12 @@ def arch(request, tokenizer):
     return request.param, model, build_fused_model(model)
 
 
+PAST_ROOM = 96  # the ops graph writes each new key in place: its past buffers need room
+
+
 def _empty_past(session) -> dict[str, np.ndarray]:
     return {
-        i.name: np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32)
+        i.name: np.zeros((1, i.shape[1], PAST_ROOM, i.shape[3]), np.float32)
         for i in session.get_inputs()
         if i.name.startswith("past_key_values")
     }
@@ -80,10 +83,11 @@ def _step(session, ids: list[int], start: int, past: dict[str, np.ndarray]):
     names = [o.name for o in session.get_outputs()]
     feeds = {
         "input_ids": np.asarray([ids], np.int64),
-        "attention_mask": np.ones((1, start + len(ids)), np.int64),
         "position_ids": np.arange(start, start + len(ids), dtype=np.int64)[None],
+        "num_logits_to_keep": np.zeros(1, np.int64),
         **past,
     }
+    assert start + len(ids) <= PAST_ROOM
     out = dict(zip(names, session.run(names, feeds), strict=True))
     return out["logits"][0], {
         n.replace("present.", "past_key_values."): v for n, v in out.items() if n != "logits"
@@ -137,9 +141,35 @@ def test_yarn_rope_scaling_equals_pytorch(prompts, tokenizer) -> None:
     assert np.abs(logits - reference).max() <= RELATIVE * np.abs(reference).max()
 
 
-def test_graph_is_fused(arch) -> None:
-    """Attention in one kernel per layer and nothing unfused left; the family's extras only."""
+def test_ops_attention_layers(arch) -> None:
+    """The shipped graph: no GroupQueryAttention; rotary on the layers that have it (q and k),
+    each windowed layer masked by its window's bias, every layer's KV written in place."""
     name, model, graph = arch
+    config = model.config
+    layers = config.num_hidden_layers
+    ops = Counter(n.op_type for n in graph.graph.node)
+    assert ops["GroupQueryAttention"] == 0
+    assert ops["ScatterND"] == 2 * layers
+    rotated = [r is not None for r in architectures.layer_rotary(config)]
+    assert ops["RotaryEmbedding"] == 2 * sum(rotated)
+    by_name = {n.name: n for n in graph.graph.node}
+    for i, window in enumerate(architectures.layer_windows(config)):
+        assert (f"layers.{i}/q_rotary" in by_name) is rotated[i]
+        bias = by_name[f"layers.{i}/attn/mask"].input[1]
+        assert bias.startswith(f"attn/window{window}/" if window else "attn/bias/"), (i, bias)
+    if name == "gemma3":
+        assert [w or None for w in architectures.layer_windows(config)] == [
+            SLIDING_WINDOW,
+            None,
+            SLIDING_WINDOW,
+        ]
+
+
+def test_graph_is_fused(arch) -> None:
+    """GroupQueryAttention graphs (``attention="gqa"``, kept for comparison): attention in one
+    kernel per layer and nothing unfused left; the family's extras only."""
+    name, model, _ = arch
+    graph = build_fused_model(model, attention="gqa")
     config = model.config
     layers = config.num_hidden_layers
     ops = Counter(n.op_type for n in graph.graph.node)

@@ -1,0 +1,132 @@
+"""Exact self-speculation: drafted tokens change the speed, never a token or a logprob."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from helpers.engine import PROMPTS, chat_ids
+
+from nbresponses.models.prepare import prepare_model
+from nbresponses.runtime.generator import TokenGenerator
+from nbresponses.runtime.speculation import COOLDOWN_STEPS, START_DRAFT, Drafter
+from nbresponses.tokens.contract import GenerationStats, SamplingParams
+
+
+def test_the_draft_is_what_followed_the_longest_earlier_match() -> None:
+    drafter = Drafter([1, 2, 3, 4, 5, 6, 1, 2])
+    assert drafter.propose(limit=10) == [3, 4, 5, 6]  # "1 2" before: then 3 4 5 6 (size 4)
+    drafter.extend([3])
+    assert drafter.propose(limit=10) == [4, 5, 6, 1]  # "1 2 3" before
+    assert drafter.propose(limit=2) == [4, 5]
+    drafter.extend([3, 9])
+    assert drafter.propose(limit=10) == []  # "3 9" never occurred before
+
+
+def test_the_draft_length_follows_what_the_model_kept() -> None:
+    drafter = Drafter([*range(1, 30), 1, 2, 3])
+    drafter.record(START_DRAFT, START_DRAFT)
+    assert len(drafter.propose(limit=100)) == 2 * START_DRAFT
+    drafter.record(8, 2)
+    assert len(drafter.propose(limit=100)) == 3
+    for _ in range(3):  # nothing kept, again and again: the row stops drafting for a while
+        drafter.record(3, 0)
+    assert [drafter.propose(limit=100) for _ in range(COOLDOWN_STEPS)] == [[]] * COOLDOWN_STEPS
+    assert drafter.propose(limit=100)
+
+
+@pytest.fixture(scope="module")
+def tiny_fused(tiny_source: Path, cache_dir: Path):
+    return prepare_model(tiny_source, "fused-fp32", cache_dir=cache_dir, progress=False)
+
+
+async def _steps(engine, prompt, params):
+    stats = GenerationStats()
+    steps = [step async for step in engine.generate(prompt, params, stats)]
+    return steps, stats
+
+
+class _Oracle(Drafter):
+    """Drafts from the answer plain decoding gives (the random tiny model repeats nothing an
+    n-gram would find), with every third draft wrong from its second token on: kept drafts,
+    rejected drafts and the corrected token all get exercised."""
+
+    answers: dict[tuple[int, ...], list[int]] = {}
+
+    def __init__(self, prompt) -> None:
+        super().__init__(prompt)
+        self.answer = self.answers[tuple(prompt)]
+        self.calls = 0
+
+    def propose(self, limit: int) -> list[int]:
+        self.calls += 1
+        done = len(self.tokens) - self._prompt_length
+        draft = self.answer[done : done + min(limit, 5)]
+        if self.calls % 3 == 0 and len(draft) > 1:
+            draft[1:] = [(t + 1) % 1000 for t in draft[1:]]
+        return draft
+
+
+async def test_speculation_gives_plain_decoding_bits(tiny_fused, tokenizer, monkeypatch) -> None:
+    """Greedy, with logprobs and alternatives: alone with drafts (at batch 1), alone without,
+    and batched (three rows: no drafting) give equal steps, in fewer model runs with drafts."""
+    from nbresponses.runtime import scheduler
+
+    params = SamplingParams(max_tokens=64, temperature=0, logprobs=True, top_logprobs=3)
+    prompts = [chat_ids(tokenizer, text) for text in PROMPTS[:3]]
+    async with TokenGenerator(tiny_fused, tokenizer=tokenizer, prefix_cache_bytes=0) as engine:
+        assert engine.runner.exact_steps
+        engine._scheduler.speculation = False
+        plain = [(await _steps(engine, p, params))[0] for p in prompts]
+        _Oracle.answers = {
+            tuple(p): [t for s in steps for t in s.token_ids]
+            for p, steps in zip(prompts, plain, strict=True)
+        }
+        monkeypatch.setattr(scheduler, "Drafter", _Oracle)
+        engine._scheduler.speculation = True
+        runs = engine._scheduler.steps
+        drafted = [await _steps(engine, p, params) for p in prompts]
+        runs = engine._scheduler.steps - runs
+        batched = await asyncio.gather(*(_steps(engine, p, params) for p in prompts))
+    kept = sum(stats.timings.get("accepted_draft_tokens", 0) for _, stats in drafted)
+    drafts = sum(stats.timings.get("draft_tokens", 0) for _, stats in drafted)
+    assert 0 < kept < drafts  # kept and rejected drafts both happened
+    assert runs < 3 * 63  # 64 tokens a request, the first from the prefill
+    assert [steps for steps, _ in drafted] == plain
+    assert [steps for steps, _ in batched] == plain
+    assert all(len(steps) == 64 for steps in plain)  # a step a token, drafted or not
+
+
+async def test_a_stop_inside_a_kept_draft_ends_the_answer_there(
+    tiny_fused, tokenizer, monkeypatch
+) -> None:
+    """max_tokens and stop tokens land exactly where plain decoding puts them."""
+    from nbresponses.runtime import scheduler
+
+    prompt = chat_ids(tokenizer, PROMPTS[0])
+    async with TokenGenerator(tiny_fused, tokenizer=tokenizer, prefix_cache_bytes=0) as engine:
+        engine._scheduler.speculation = False
+        full, _ = await _steps(engine, prompt, SamplingParams(max_tokens=64, temperature=0))
+        answer = [t for s in full for t in s.token_ids]
+        _Oracle.answers = {tuple(prompt): answer}
+        monkeypatch.setattr(scheduler, "Drafter", _Oracle)
+        engine._scheduler.speculation = True
+        for n in (1, 2, 7, 33):
+            short, _ = await _steps(engine, prompt, SamplingParams(max_tokens=n, temperature=0))
+            assert [t for s in short for t in s.token_ids] == answer[:n]
+            assert short[-1].finish_reason == "length"
+        stop = answer[20]
+        first = answer.index(stop)
+        params = SamplingParams(max_tokens=64, temperature=0, stop_token_ids=(stop,))
+        stopped, _ = await _steps(engine, prompt, params)
+    assert [t for s in stopped for t in s.token_ids] == answer[: first + 1]
+    assert stopped[-1].finish_reason == "stop"
+
+
+async def test_sampling_and_grammars_do_not_draft(tiny_fused, tokenizer) -> None:
+    prompt = chat_ids(tokenizer, PROMPTS[0])
+    params = SamplingParams(max_tokens=48, temperature=0.8, seed=3)
+    async with TokenGenerator(tiny_fused, tokenizer=tokenizer, prefix_cache_bytes=0) as engine:
+        _, stats = await _steps(engine, prompt, params)
+    assert "draft_tokens" not in stats.timings
