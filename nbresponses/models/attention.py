@@ -93,8 +93,8 @@ class StepTensors:
         row_index = node("Reshape", [rows, c("b111", [-1, 1, 1, 1])], name="row_index")[0]
         head_index = c("heads", np.arange(shape.kv_heads).reshape(1, 1, -1, 1))
         at = node("Unsqueeze", ["position_ids", c("axes23", [2, 3])], name="pos4")[0]
-        parts = [node("Expand", [x, index_shape], name=f"index_{n}")[0]
-                 for x, n in ((row_index, "rows"), (head_index, "heads"), (at, "positions"))]  # fmt: skip
+        sources = ((row_index, "rows"), (head_index, "heads"), (at, "positions"))
+        parts = [node("Expand", [x, index_shape], name=f"index_{n}")[0] for x, n in sources]
         self.scatter_index = node("Concat", parts, name="scatter_index", axis=-1)[0]
 
     def _const(self, name: str, value: Any, *, scalar: bool = False) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from helpers.engine import PROMPTS, chat_ids
@@ -52,7 +53,7 @@ class _Oracle(Drafter):
     n-gram would find), with every third draft wrong from its second token on: kept drafts,
     rejected drafts and the corrected token all get exercised."""
 
-    answers: dict[tuple[int, ...], list[int]] = {}
+    answers: ClassVar[dict[tuple[int, ...], list[int]]] = {}
 
     def __init__(self, prompt) -> None:
         super().__init__(prompt)
