@@ -72,11 +72,18 @@ class StepTensors:
         self._consts: dict[str, str] = {}
         c = self._const
         node = g.node
-        width = node("Gather", [node("Shape", [width_of], name="kv_shape")[0], c("two", 2)],
-                     name="kv_width")[0]  # fmt: skip
+        width = node(
+            "Gather", [node("Shape", [width_of], name="kv_shape")[0], c("two", 2)], name="kv_width"
+        )[0]
         columns = node(
-            "Range", [c("zero_s", 0, scalar=True), node("Squeeze", [width], name="kv_width_s")[0],
-                      c("one_s", 1, scalar=True)], name="columns")[0]  # fmt: skip
+            "Range",
+            [
+                c("zero_s", 0, scalar=True),
+                node("Squeeze", [width], name="kv_width_s")[0],
+                c("one_s", 1, scalar=True),
+            ],
+            name="columns",
+        )[0]
         self._columns = columns  # [W]
         self._positions = node("Unsqueeze", ["position_ids", c("axis2", 2)], name="pos3")[0]
         self._causal = node("LessOrEqual", [columns, self._positions], name="causal")[0]
@@ -85,11 +92,13 @@ class StepTensors:
         # [B, S, kv, 3]: (row, kv head, position) of each new key and value, for ScatterND,
         # which takes them in the projection's own [B, S, kv, head_dim] order (no transpose)
         ids_shape = node("Shape", ["position_ids"], name="ids_shape")[0]  # [B, S]
-        index_shape = node("Concat", [ids_shape, c("kv_one", [shape.kv_heads, 1])],
-                           name="index_shape", axis=0)[0]  # fmt: skip
+        index_shape = node(
+            "Concat", [ids_shape, c("kv_one", [shape.kv_heads, 1])], name="index_shape", axis=0
+        )[0]
         batch = node("Gather", [ids_shape, c("zero", 0, scalar=True)], name="batch")[0]
-        rows = node("Range", [c("zero_s", 0, scalar=True), batch, c("one_s", 1, scalar=True)],
-                    name="rows")[0]  # fmt: skip
+        rows = node(
+            "Range", [c("zero_s", 0, scalar=True), batch, c("one_s", 1, scalar=True)], name="rows"
+        )[0]
         row_index = node("Reshape", [rows, c("b111", [-1, 1, 1, 1])], name="row_index")[0]
         head_index = c("heads", np.arange(shape.kv_heads).reshape(1, 1, -1, 1))
         at = node("Unsqueeze", ["position_ids", c("axes23", [2, 3])], name="pos4")[0]
@@ -129,8 +138,11 @@ class StepTensors:
         (tests/models/test_fused_architectures.py compares with PyTorch past the window)."""
         if window not in self._windows:
             g, tag = self.g, f"attn/window{window}"
-            start = g.node("Sub", [self._positions, self._const(f"window{window}", window)],
-                           name=f"{tag}/start")[0]  # fmt: skip
+            start = g.node(
+                "Sub",
+                [self._positions, self._const(f"window{window}", window)],
+                name=f"{tag}/start",
+            )[0]
             recent = g.node("Greater", [self._columns, start], name=f"{tag}/recent")[0]
             visible = g.node("And", [self._causal, recent], name=f"{tag}/and")[0]
             self._windows[window] = self._bias(visible, f"window{window}")
@@ -179,14 +191,16 @@ def attention(
     keys = to_buffer(k, "k", past[0], present[0])
     values = to_buffer(v, "v", past[1], present[1])
     per_kv = shape.heads // kv
-    queries = g.node("Reshape", [q, const(f"bs_kv_{per_kv}_hd", [0, 0, kv, per_kv, hd])],
-                     name=f"{name}/q5")[0]  # fmt: skip
+    queries = g.node(
+        "Reshape", [q, const(f"bs_kv_{per_kv}_hd", [0, 0, kv, per_kv, hd])], name=f"{name}/q5"
+    )[0]
     if shape.duplicated:  # one query head per KV head: two rows, so the product takes MLAS's
         queries = g.node("Concat", [queries, queries], name=f"{name}/q_twice", axis=3)[0]
     group = shape.group
     queries = g.node("Transpose", [queries], name=f"{name}/q_t", perm=[0, 2, 1, 3, 4])[0]
-    queries = g.node("Reshape", [queries, const("b_kv_rows_hd", [0, kv, -1, hd])],
-                     name=f"{name}/q_rows")[0]  # fmt: skip
+    queries = g.node(
+        "Reshape", [queries, const("b_kv_rows_hd", [0, kv, -1, hd])], name=f"{name}/q_rows"
+    )[0]
     scores = g.node(
         "FusedMatMul",
         [queries, keys],
@@ -204,8 +218,11 @@ def attention(
     scores = g.node("Add", [scores, bias], name=f"{name}/mask")[0]
     probs = g.node("Softmax", [scores], name=f"{name}/softmax", axis=-1)[0]
     context = g.node("MatMul", [probs, values], name=f"{name}/context")[0]  # [B, kv, S*group, hd]
-    context = g.node("Reshape", [context, const(f"b_kv_s_{group}_hd", [0, kv, -1, group, hd])],
-                     name=f"{name}/context5")[0]  # fmt: skip
+    context = g.node(
+        "Reshape",
+        [context, const(f"b_kv_s_{group}_hd", [0, kv, -1, group, hd])],
+        name=f"{name}/context5",
+    )[0]
     if shape.duplicated:
         context = g.node(
             "Slice",
@@ -213,5 +230,6 @@ def attention(
             name=f"{name}/context_once",
         )[0]
     context = g.node("Transpose", [context], name=f"{name}/context_t", perm=[0, 2, 1, 3, 4])[0]
-    return g.node("Reshape", [context, const("b_s_hidden", [0, 0, shape.heads * hd])],
-                  name=f"{name}/context3")[0]  # fmt: skip
+    return g.node(
+        "Reshape", [context, const("b_s_hidden", [0, 0, shape.heads * hd])], name=f"{name}/context3"
+    )[0]

@@ -389,7 +389,7 @@ class Scheduler:
             )
             - 1
         )
-        draft = drafter.propose(limit=room)  # fmt: skip
+        draft = drafter.propose(limit=room)
         if not draft:
             return False
         assert isinstance(self.kv, EndPaddedKV)
