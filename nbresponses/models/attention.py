@@ -118,19 +118,13 @@ class StepTensors:
     const = _const
 
     def _bias(self, visible: str, name: str) -> str:
-        """[B, S, W] bool -> [B, 1, S * group, W] float: 0 where visible, -inf elsewhere."""
+        """[B, S, W] bool -> [B, S, 1, 1, W] float: 0 where visible, -inf elsewhere (it
+        broadcasts over the KV heads and the query group of the scores [B, S, kv, group, W])."""
         g, c = self.g, self._const
         zero = g.weight(f"attn/{name}/zero", np.array(0.0, np.float32))
         masked = g.weight(f"attn/{name}/masked", np.array(-np.inf, np.float32))
         bias = g.node("Where", [visible, zero, masked], name=f"attn/{name}/where")[0]
-        grouped = g.node("Unsqueeze", [bias, c("axis2", 2)], name=f"attn/{name}/unsq")[0]
-        rows = g.node(
-            "Expand",
-            [grouped, c(f"{name}_group", [1, 1, self.shape.group, 1])],
-            name=f"attn/{name}/expand",
-        )[0]  # [B, S, group, W]
-        flat = c("bias_shape", [0, 1, -1, 0])
-        return g.node("Reshape", [rows, flat], name=f"attn/{name}/rows")[0]
+        return g.node("Unsqueeze", [bias, c("axes23", [2, 3])], name=f"attn/{name}/rows")[0]
 
     def window_bias(self, window: int) -> str:
         """The bias of a sliding-window layer: a token at p sees the ``window`` keys after
@@ -190,17 +184,17 @@ def attention(
 
     keys = to_buffer(k, "k", past[0], present[0])
     values = to_buffer(v, "v", past[1], present[1])
+    # [B, 1, kv, W, hd]: one matrix per (row, head) for every position of the step
+    keys, values = (
+        g.node("Unsqueeze", [t, const("axis1", [1])], name=f"{name}/{n}_rows")[0]
+        for t, n in ((keys, "k"), (values, "v"))
+    )
     per_kv = shape.heads // kv
     queries = g.node(
         "Reshape", [q, const(f"bs_kv_{per_kv}_hd", [0, 0, kv, per_kv, hd])], name=f"{name}/q5"
-    )[0]
+    )[0]  # [B, S, kv, group, hd]: no transpose, each position's queries multiply on their own
     if shape.duplicated:  # one query head per KV head: two rows, so the product takes MLAS's
         queries = g.node("Concat", [queries, queries], name=f"{name}/q_twice", axis=3)[0]
-    group = shape.group
-    queries = g.node("Transpose", [queries], name=f"{name}/q_t", perm=[0, 2, 1, 3, 4])[0]
-    queries = g.node(
-        "Reshape", [queries, const("b_kv_rows_hd", [0, kv, -1, hd])], name=f"{name}/q_rows"
-    )[0]
     scores = g.node(
         "FusedMatMul",
         [queries, keys],
@@ -208,7 +202,7 @@ def attention(
         domain="com.microsoft",
         transB=1,
         alpha=float(scale),
-    )[0]  # [B, kv, S * group, W]
+    )[0]  # [B, S, kv, group, W]
     if softcap:
         cap = g.weight(f"{name}/softcap", np.array(softcap, np.float32))
         scores = g.node("Div", [scores, cap], name=f"{name}/softcap_div")[0]
@@ -217,19 +211,13 @@ def attention(
     bias = step.bias if window is None else step.window_bias(window)
     scores = g.node("Add", [scores, bias], name=f"{name}/mask")[0]
     probs = g.node("Softmax", [scores], name=f"{name}/softmax", axis=-1)[0]
-    context = g.node("MatMul", [probs, values], name=f"{name}/context")[0]  # [B, kv, S*group, hd]
-    context = g.node(
-        "Reshape",
-        [context, const(f"b_kv_s_{group}_hd", [0, kv, -1, group, hd])],
-        name=f"{name}/context5",
-    )[0]
+    context = g.node("MatMul", [probs, values], name=f"{name}/context")[0]  # [B, S, kv, group, hd]
     if shape.duplicated:
         context = g.node(
             "Slice",
             [context, const("zero1", [0]), const("one1", [1]), const("axis3", [3])],
             name=f"{name}/context_once",
         )[0]
-    context = g.node("Transpose", [context], name=f"{name}/context_t", perm=[0, 2, 1, 3, 4])[0]
     return g.node(
         "Reshape", [context, const("b_s_hidden", [0, 0, shape.heads * hd])], name=f"{name}/context3"
     )[0]

@@ -39,7 +39,7 @@ from nbresponses.models.sources import ModelSource, resolve_source
 # Bump when the export (EXPORT_VERSION) or a recipe or the fidelity measure (PREPARE_VERSION)
 # changes in a way that invalidates cached files. 2: the broad fidelity set, end-padded graphs.
 EXPORT_VERSION = 1
-PREPARE_VERSION = 4
+PREPARE_VERSION = 5
 _VERSIONED = (
     "nbresponses",
     "onnxruntime",
