@@ -201,8 +201,9 @@ class EndPaddedKV:
         padding's keys land in the row's spare columns, past its length, where no token looks
         and the next step overwrites them."""
         count = max(len(t) for t in tokens)
-        if self.width + count > self.capacity:
-            self._make(self._rows(), spare=count)
+        if self.width + count > self.capacity:  # room for this step and the headroom after it
+            headroom = SCATTER_HEADROOM if self.reads_every_column else HEADROOM
+            self._make(self._rows(), spare=count + headroom)
         ids = np.array([t + t[-1:] * (count - len(t)) for t in tokens], np.int64)
         positions = np.array([[n + j for j in range(count)] for n in self.lengths], np.int64)
         logits = runner.run_steps(ids, positions, self._bound)
