@@ -332,7 +332,8 @@ def main() -> None:
             server.__exit__()
         for engine in engines.values():
             engine.close_sync()
-    report(samples, base, workloads, args.max_tokens)
+    if samples:
+        report(samples, base, workloads, args.max_tokens)
     if args.load:
         load = measure_load(base, args.cache_dir, args.load)
         print(f"\n### Engine.load() of prepared `{base}`, fresh process, median of {args.load}\n")
