@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -325,6 +326,7 @@ def main() -> None:
             for s in plan:
                 run = vllm_runner(server, w.take(s.n), args.max_tokens, s.stagger_s)
                 cases.append(Case("vLLM bf16", w.name, s, run))
+    before = os.getloadavg()[0]
     try:
         samples = measure(cases, args.rounds)
     finally:
@@ -334,6 +336,10 @@ def main() -> None:
             engine.close_sync()
     if samples:
         report(samples, base, workloads, args.max_tokens)
+        print(
+            f"\nload average (1 min) {before:.1f} before the rounds, {os.getloadavg()[0]:.1f} "
+            f"after, on {os.cpu_count()} CPUs: above ~2 other processes share the cores"
+        )
     if args.load:
         load = measure_load(base, args.cache_dir, args.load)
         print(f"\n### Engine.load() of prepared `{base}`, fresh process, median of {args.load}\n")

@@ -40,6 +40,7 @@ async def first_token():
 
 asyncio.run(first_token())
 t3 = time.perf_counter()
+engine.generator.close_sync()  # stop the scheduler thread before the interpreter tears down
 print(json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "first_token_s": t3 - t2}))
 """
 
@@ -64,8 +65,12 @@ def measure_load(recipe: str, cache_dir: str | None, runs: int) -> dict[str, flo
             start = time.perf_counter()
             out = subprocess.run(
                 [sys.executable, "-c", LOAD_SCRIPT, recipe, cache_dir or "", store],
-                capture_output=True, text=True, env=_env(), check=True,
+                capture_output=True, text=True, env=_env(),
             )  # fmt: skip
+            if out.returncode != 0:
+                raise RuntimeError(
+                    f"Engine.load() run failed ({out.returncode}):\n{out.stderr[-3000:]}"
+                )
             sample = json.loads(out.stdout.strip().splitlines()[-1])
             sample["process_s"] = time.perf_counter() - start
             samples.append(sample)
