@@ -1,11 +1,15 @@
-"""Build a fused ONNX graph for Llama-family decoders straight from the Hugging Face weights.
+"""Build a fused ONNX graph for the common decoder families straight from the Hugging Face weights.
 
 Why: the Optimum export runs ~3,150 small kernels per decoded token (shape arithmetic, unfused
 attention, rotary and RMSNorm), which dominates decode time (docs/concepts/measurements.md). This
-builder writes about ten kernels per layer instead, with ONNX Runtime's contrib ops:
+builder writes 10 to 19 kernels per layer instead (``benchmarks/kernels.py``), with ONNX
+Runtime's contrib ops:
 ``SkipSimplifiedLayerNormalization`` (residual add + RMSNorm), one packed QKV MatMul,
-``GroupQueryAttention`` (rotary, KV concat, causal softmax in one kernel), one packed gate/up MatMul
-and ``SwiGLU``.
+``GroupQueryAttention`` (rotary, KV concat, causal or sliding-window softmax in one kernel), one
+packed gate/up MatMul and the gated activation. The families (Llama 3.x, Mistral, Qwen2/3,
+SmolLM3, Gemma 3, Phi-3/4) differ in a few places, listed in ``architectures.py``; the loop here
+is written once. What it cannot build exactly it refuses (``UnsupportedArchitecture``, with the
+reason), and the "auto" and "analysis" recipes then move on to the Optimum graphs.
 
 The graph keeps the Optimum export's inputs and outputs, names and meaning, so ``fidelity.py``
 runs it unchanged: ``input_ids``, ``attention_mask`` [B, past+S], ``position_ids`` [B, S],
@@ -31,14 +35,16 @@ from typing import Any
 
 import numpy as np
 
+from nbresponses.models import architectures
+from nbresponses.models.architectures import ARCHITECTURES, Architecture
 from nbresponses.models.errors import RecipeError
 
 OPSET = 21
 KV_LAYOUT = "nbresponses.kv_layout"  # metadata read by nbresponses.runtime.runner
 END_PADDED_IN_PLACE = "end-padded-in-place"  # rows padded at the end; past and present shared
+MAX_POSITIONS = "nbresponses.max_positions"  # metadata: positions the rotary tables cover
 LOGITS_TO_KEEP = "num_logits_to_keep"  # optional input [1]: logits of the last N positions
-SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
-_STATIC_ROPE = (None, "default", "linear", "llama3")
+SUPPORTED_TYPES = tuple(ARCHITECTURES)
 
 
 class UnsupportedArchitecture(RecipeError):
@@ -47,27 +53,11 @@ class UnsupportedArchitecture(RecipeError):
 
 def check_supported(config: Any) -> None:
     """Refuse configs whose graphs this builder would get wrong, naming the reason."""
-    model_type = getattr(config, "model_type", None)
-    problems = []
-    if model_type not in SUPPORTED_TYPES:
-        problems.append(f"model_type {model_type!r} (supported: {', '.join(SUPPORTED_TYPES)})")
-    if getattr(config, "hidden_act", "silu") != "silu":
-        problems.append(f"hidden_act {config.hidden_act!r} (only silu)")
-    if getattr(config, "mlp_bias", False):
-        problems.append("mlp_bias")
-    scaling = getattr(config, "rope_scaling", None) or {}
-    rope_type = scaling.get("rope_type", scaling.get("type")) if scaling else None
-    if rope_type not in _STATIC_ROPE:
-        problems.append(f"rope_scaling {rope_type!r} (supported: default, linear, llama3)")
-    windowed = getattr(config, "use_sliding_window", model_type != "qwen2")
-    if getattr(config, "sliding_window", None) and windowed:
-        problems.append("sliding-window attention")
-    if getattr(config, "partial_rotary_factor", 1.0) != 1.0:
-        problems.append("partial rotary")
-    if problems:
+    found = architectures.problems(config)
+    if found:
         raise UnsupportedArchitecture(
             "The fused graph builder does not support this model: "
-            + "; ".join(problems)
+            + "; ".join(found)
             + ". Use an Optimum recipe (q8, q8-fp32-head, fp32, ...) instead."
         )
 
@@ -87,16 +77,15 @@ def load_source_model(source: Any) -> Any:
         return AutoModelForCausalLM.from_pretrained(str(source.path), dtype=torch.float32).eval()
 
 
-def rotary_caches(model: Any, head_dim: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin [max_positions, head_dim / 2], computed by the model's own rotary module."""
+def rotary_caches(rotary: Any, positions: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin [positions, rotary_dim / 2], computed by the model's own rotary module
+    (scaling and attention factors included; partial rotary gives the rotated dims only)."""
     import torch
 
-    rotary = model.model.rotary_emb
-    positions = torch.arange(model.config.max_position_embeddings)[None]
     probe = torch.zeros(1, dtype=torch.float32)
     with torch.no_grad():
-        cos, sin = rotary(probe, positions)
-    half = head_dim // 2
+        cos, sin = rotary(probe, torch.arange(positions)[None])
+    half = cos.shape[-1] // 2
     return cos[0, :, :half].numpy().copy(), sin[0, :, :half].numpy().copy()
 
 
@@ -149,12 +138,10 @@ class _Graph:
             self._file.close()
             self._file = None
 
-    def linear(self, x: str, weight: np.ndarray, *, name: str, output: str | None = None) -> str:
+    def linear(self, x: str, weight: np.ndarray, *, name: str) -> str:
         """``x @ weight`` ([in, out] weight): every weight matrix of the model goes through here,
         so one place decides how weights are stored (fp32 here; quantized by subclasses)."""
-        outputs: list[str] | int = [output] if output else 1
-        weight_name = self.weight(name + ".weight", weight)
-        return self.node("MatMul", [x, weight_name], outputs, name=name)[0]
+        return self.node("MatMul", [x, self.weight(name + ".weight", weight)], name=name)[0]
 
     def node(
         self,
@@ -216,7 +203,7 @@ class _NBitsGraph(_Graph):
         )
         return packed, scales
 
-    def linear(self, x: str, weight: np.ndarray, *, name: str, output: str | None = None) -> str:
+    def linear(self, x: str, weight: np.ndarray, *, name: str) -> str:
         packed, scales = self._quantize(weight)
         k, n = weight.shape
         base = f"{name}.weight"
@@ -228,7 +215,7 @@ class _NBitsGraph(_Graph):
         return self.node(
             "MatMulNBits",
             inputs,
-            [output or f"{name}/out0"],
+            [f"{name}/out0"],  # as the base class names it (and the quantizer keeps it)
             name=f"{name}_Q{self.bits}",
             domain="com.microsoft",
             K=k,
@@ -243,145 +230,268 @@ def _np(tensor: Any) -> np.ndarray:
     return tensor.detach().float().numpy()
 
 
-def build_fused_model(model: Any, *, bits: int | None = None, weights: Path | None = None) -> Any:
-    """The fused ``onnx.ModelProto`` of a Llama-family ``…ForCausalLM`` PyTorch model: fp32,
-    or with ``bits`` (8 or 4) every weight matrix MatMulNBits (block 32, accuracy_level 4).
-    With ``weights``, the weights go to that file as they are made (save the model beside it)."""
-    from onnx import TensorProto, helper
+class _Weights:
+    """The model's tensors by name; remembers which were read, so that none is dropped unseen."""
 
-    config = model.config
-    check_supported(config)
-    layers = config.num_hidden_layers
-    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    eps = float(config.rms_norm_eps)
-    state = dict(model.state_dict())
-    g = _Graph(weights) if bits is None else _NBitsGraph(bits, weights)
+    def __init__(self, model: Any) -> None:
+        self._state = dict(model.state_dict())
+        self._read: set[str] = set()
 
-    # -- shared inputs: the total width and each row's length, computed once per run
-    mask_shape = g.node("Shape", ["attention_mask"], name="mask_shape")[0]
-    zero = g.weight("const/zero", np.array([0], np.int64))
-    one = g.weight("const/one", np.array([1], np.int64))
-    total = g.node("Gather", [mask_shape, one], name="total")[0]  # [1] = past + S
-    total_i32 = g.node("Cast", [total], name="total_i32", to=TensorProto.INT32)[0]
-    total_len = g.node("Squeeze", [total_i32, zero], name="total_len")[0]  # scalar
-    # Rows are padded at the END: each row's length is its own count of ones in the mask, so
-    # its keys sit at the same columns whatever its batch-mates are (see the module docstring).
-    lengths = g.node("ReduceSum", ["attention_mask", one], name="lengths", keepdims=0)[0]
-    lengths_i32 = g.node("Cast", [lengths], name="lengths_i32", to=TensorProto.INT32)[0]
-    seqlens_k = g.node(
-        "Sub", [lengths_i32, g.weight("const/one_i32", np.array([1], np.int32))], name="seqlens_k"
-    )[0]
+    def __contains__(self, key: str) -> bool:
+        return key in self._state
 
-    cos, sin = rotary_caches(model, head_dim)
-    cos_name, sin_name = g.weight("rotary/cos", cos), g.weight("rotary/sin", sin)
+    def __getitem__(self, key: str) -> np.ndarray:
+        self._read.add(key)
+        return _np(self._state[key])
 
-    embed = _np(state["model.embed_tokens.weight"])
-    hidden = g.node(
-        "Gather", [g.weight("model.embed_tokens.weight", embed), "input_ids"], name="embed"
-    )[0]
-    normed = g.node(
-        "SimplifiedLayerNormalization",
-        [
-            hidden,
-            g.weight("layers.0.input_norm", _np(state["model.layers.0.input_layernorm.weight"])),
-        ],
-        name="layers.0/input_norm",
-        axis=-1,
-        epsilon=eps,
-        stash_type=1,
-    )[0]
-    residual = hidden
-    presents: list[str] = []
-    for i in range(layers):
-        p = f"model.layers.{i}."
-        attn = p + "self_attn."
-        qkv_w = np.concatenate(
-            [_np(state[attn + f"{n}_proj.weight"]) for n in ("q", "k", "v")], axis=0
-        ).T
-        qkv = g.linear(normed, qkv_w, name=f"layers.{i}/qkv")
-        if attn + "q_proj.bias" in state:
-            qkv_b = np.concatenate([_np(state[attn + f"{n}_proj.bias"]) for n in ("q", "k", "v")])
+    def unread(self) -> list[str]:
+        return sorted(set(self._state) - self._read)
+
+
+class _Decoder:
+    """Writes one decoder into a ``_Graph``: the loop once, each family's differences asked of
+    its ``Architecture`` (``architectures.py``)."""
+
+    def __init__(self, model: Any, graph: _Graph | None = None) -> None:
+        config = model.config
+        check_supported(config)
+        self.config = config
+        self.arch: Architecture = ARCHITECTURES[config.model_type]
+        self.w = _Weights(model)
+        self.g = graph if graph is not None else _Graph()
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = architectures.head_dim(config)
+        self.eps = float(config.rms_norm_eps)
+        self.positions = architectures.max_positions(config)
+        self.windows = architectures.layer_windows(config)
+        self.rotary = architectures.layer_rotary(config)
+        self.tables = self._rotary_tables(model)
+        self.shared: dict[str, str] = {}
+
+    def _rotary_tables(self, model: Any) -> dict[str, tuple[str, str]]:
+        """One cos/sin pair per rotary module the layers use (Gemma 3: a global and a local)."""
+        modules = {"global": model.model.rotary_emb}
+        if hasattr(model.model, "rotary_emb_local"):
+            modules["local"] = model.model.rotary_emb_local
+        tables = {}
+        for kind in sorted({r for r in self.rotary if r is not None}):
+            cos, sin = rotary_caches(modules[kind], self.positions)
+            suffix = "" if kind == "global" else f"_{kind}"
+            tables[kind] = (
+                self.g.weight(f"rotary/cos{suffix}", cos),
+                self.g.weight(f"rotary/sin{suffix}", sin),
+            )
+        return tables
+
+    # -- norms: SimplifiedLayerNormalization is RMSNorm; Gemma's (1 + w) is folded into gamma
+    def gamma(self, key: str, name: str) -> str:
+        return self.g.weight(name, self.w[key] + np.float32(self.arch.norm_offset))
+
+    def norm(self, x: str, gamma: str, *, name: str) -> str:
+        return self.g.node(
+            "SimplifiedLayerNormalization",
+            [x, gamma],
+            name=name,
+            axis=-1,
+            epsilon=self.eps,
+            stash_type=1,
+        )[0]
+
+    def skip_norm(self, x: str, residual: str, gamma: str, *, name: str, last: bool) -> list[str]:
+        """(normed, residual + x): the residual add and the next norm in one kernel."""
+        normed, _, _, total = self.g.node(
+            "SkipSimplifiedLayerNormalization",
+            [x, residual, gamma],
+            [f"{name}/out", "", "", "" if last else f"{name}/sum"],
+            name=name,
+            domain="com.microsoft",
+            epsilon=self.eps,
+        )
+        return [normed, total]
+
+    # -- the two sub-layers
+    def attention(self, i: int, x: str, shared: dict[str, str]) -> str:
+        w, g, arch = self.w, self.g, self.arch
+        p, name = f"model.layers.{i}.self_attn.", f"layers.{i}"
+        if arch.packed_qkv:
+            qkv_w = w[p + "qkv_proj.weight"].T
+        else:
+            qkv_w = np.concatenate([w[p + f"{n}_proj.weight"] for n in ("q", "k", "v")]).T
+        qkv = g.linear(x, qkv_w, name=f"{name}/qkv")
+        if p + "q_proj.bias" in w:
+            qkv_b = np.concatenate([w[p + f"{n}_proj.bias"] for n in ("q", "k", "v")])
             qkv = g.node(
-                "Add", [qkv, g.weight(f"layers.{i}.qkv.bias", qkv_b)], name=f"layers.{i}/qkv_bias"
+                "Add", [qkv, g.weight(f"{name}.qkv.bias", qkv_b)], name=f"{name}/qkv_bias"
             )[0]
-        present_k, present_v = f"present.{i}.key", f"present.{i}.value"
-        presents += [present_k, present_v]
+        q, k, v = self.normed_heads(i, qkv) if arch.qk_norm else (qkv, "", "")
+        table = self.rotary[i]
+        cos, sin = self.tables[table] if table else ("", "")
+        inputs = [q, k, v, f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
+        inputs += [shared["seqlens_k"], shared["total_len"]]
+        inputs += [cos, sin, "position_ids"] if table else []
         context = g.node(
             "GroupQueryAttention",
-            [
-                qkv,
-                "",
-                "",
-                f"past_key_values.{i}.key",
-                f"past_key_values.{i}.value",
-                seqlens_k,
-                total_len,
-                cos_name,
-                sin_name,
-                "position_ids",
-            ],
-            [f"layers.{i}/attn/out", present_k, present_v],
-            name=f"layers.{i}/attn",
+            inputs,
+            [f"{name}/attn/out", f"present.{i}.key", f"present.{i}.value"],
+            name=f"{name}/attn",
             domain="com.microsoft",
-            num_heads=heads,
-            kv_num_heads=kv_heads,
-            do_rotary=1,
+            num_heads=self.heads,
+            kv_num_heads=self.kv_heads,
+            do_rotary=int(table is not None),
             rotary_interleaved=0,
-            scale=float(head_dim**-0.5),
+            # measured: GroupQueryAttention's window and transformers' sliding_window count the
+            # same keys (the query's own included)
+            local_window_size=self.windows[i] or -1,
+            scale=arch.attention_scale(self.config),
         )[0]
-        o_w = _np(state[attn + "o_proj.weight"]).T
-        attn_out = g.linear(context, o_w, name=f"layers.{i}/o")
-        post = g.weight(f"layers.{i}.post_norm", _np(state[p + "post_attention_layernorm.weight"]))
-        normed, _, _, residual = g.node(
-            "SkipSimplifiedLayerNormalization",
-            [attn_out, residual, post],
-            [f"layers.{i}/post_norm/out", "", "", f"layers.{i}/post_norm/sum"],
-            name=f"layers.{i}/post_norm",
-            domain="com.microsoft",
-            epsilon=eps,
-        )
-        gate_up_w = np.concatenate(
-            [_np(state[p + "mlp.gate_proj.weight"]), _np(state[p + "mlp.up_proj.weight"])], axis=0
-        ).T
-        gate_up = g.linear(normed, gate_up_w, name=f"layers.{i}/gate_up")
-        gate, up = g.node("Split", [gate_up], 2, name=f"layers.{i}/split", axis=-1, num_outputs=2)
-        silu = g.node(
-            "QuickGelu", [gate], name=f"layers.{i}/silu", domain="com.microsoft", alpha=1.0
-        )[0]  # x * sigmoid(x): SiLU
-        act = g.node("Mul", [silu, up], name=f"layers.{i}/swiglu")[0]
-        down_w = _np(state[p + "mlp.down_proj.weight"]).T
-        mlp_out = g.linear(act, down_w, name=f"layers.{i}/down")
-        if i + 1 < layers:
-            gamma = _np(state[f"model.layers.{i + 1}.input_layernorm.weight"])
-            norm_name = f"layers.{i + 1}.input_norm"
-        else:
-            gamma, norm_name = _np(state["model.norm.weight"]), "final_norm"
-        normed, _, _, residual = g.node(
-            "SkipSimplifiedLayerNormalization",
-            [mlp_out, residual, g.weight(norm_name, gamma)],
-            [f"{norm_name}/out", "", "", f"{norm_name}/sum" if i + 1 < layers else ""],
-            name=norm_name,
-            domain="com.microsoft",
-            epsilon=eps,
-        )
-    # Logits of the last ``num_logits_to_keep`` positions only (0, the default: all of them,
-    # as the Optimum export gives). A prompt needs only its last position's logits, and the LM
-    # head is a fifth of the model: keeping one position cuts that fifth from every prefill.
-    keep = g.weight(LOGITS_TO_KEEP, np.array([0], np.int64))
-    kept = g.node(
-        "Slice",
-        [
-            normed,
-            g.node("Neg", [keep], name="logits_start")[0],
-            g.weight("const/int64_max", np.array([np.iinfo(np.int64).max], np.int64)),
-            one,
-        ],
-        name="logits_positions",
-    )[0]
-    head = state.get("lm_head.weight", state["model.embed_tokens.weight"])
-    g.linear(kept, _np(head).T, name="lm_head", output="logits")
+        return g.linear(context, w[p + "o_proj.weight"].T, name=f"{name}/o")
 
+    def normed_heads(self, i: int, qkv: str) -> tuple[str, str, str]:
+        """Qwen3 and Gemma 3: RMSNorm of each head's query and key before the rotary."""
+        g, d, p, name = self.g, self.head_dim, f"model.layers.{i}.self_attn.", f"layers.{i}"
+        shape = g.weight(f"{name}.heads_shape", np.array([0, 0, -1, d], np.int64))
+        heads = g.node("Reshape", [qkv, shape], name=f"{name}/heads")[0]
+        sizes = g.weight(
+            f"{name}.qkv_split", np.array([self.heads, self.kv_heads, self.kv_heads], np.int64)
+        )
+        q, k, v = g.node("Split", [heads, sizes], 3, name=f"{name}/qkv_split", axis=2)
+        q = self.norm(q, self.gamma(p + "q_norm.weight", f"{name}.q_norm"), name=f"{name}/q_norm")
+        k = self.norm(k, self.gamma(p + "k_norm.weight", f"{name}.k_norm"), name=f"{name}/k_norm")
+        flat = g.weight("const/flat_heads", np.array([0, 0, -1], np.int64))
+        return tuple(  # type: ignore[return-value]
+            g.node("Reshape", [t, flat], name=f"{name}/{n}_flat")[0]
+            for t, n in ((q, "q"), (k, "k"), (v, "v"))
+        )
+
+    def mlp(self, i: int, x: str) -> str:
+        w, g, p, name = self.w, self.g, f"model.layers.{i}.mlp.", f"layers.{i}"
+        if self.arch.packed_gate_up:
+            gate_up_w = w[p + "gate_up_proj.weight"].T  # gate rows first, as Phi-3 chunks it
+        else:
+            gate_up_w = np.concatenate([w[p + "gate_proj.weight"], w[p + "up_proj.weight"]]).T
+        gate_up = g.linear(x, gate_up_w, name=f"{name}/gate_up")
+        gate, up = g.node("Split", [gate_up], 2, name=f"{name}/split", axis=-1, num_outputs=2)
+        if self.arch.activation == "silu":  # QuickGelu with alpha 1 is x * sigmoid(x)
+            act = g.node(
+                "QuickGelu", [gate], name=f"{name}/silu", domain="com.microsoft", alpha=1.0
+            )
+        else:  # FastGelu is the tanh approximation, transformers' gelu_pytorch_tanh
+            act = g.node("FastGelu", [gate], name=f"{name}/gelu", domain="com.microsoft")
+        gated = g.node("Mul", [act[0], up], name=f"{name}/gated")[0]
+        return g.linear(gated, w[p + "down_proj.weight"].T, name=f"{name}/down")
+
+    # -- the whole decoder
+    def build(self) -> str:
+        """The nodes from ``input_ids`` to the final norm; returns the normed hidden states."""
+        g, w, arch, layers = self.g, self.w, self.arch, self.config.num_hidden_layers
+        shared = self.shared = self.shared_inputs()
+        embed = w["model.embed_tokens.weight"]
+        hidden = g.node(
+            "Gather", [g.weight("model.embed_tokens.weight", embed), "input_ids"], name="embed"
+        )[0]
+        if arch.scaled_embeddings:  # Gemma: times sqrt(hidden_size), in the weights' dtype
+            scale = np.array(self.config.hidden_size**0.5, np.float32)
+            hidden = g.node("Mul", [hidden, g.weight("embed_scale", scale)], name="embed_scale")[0]
+        gamma0 = self.gamma("model.layers.0.input_layernorm.weight", "layers.0.input_norm")
+        normed, residual = self.norm(hidden, gamma0, name="layers.0/input_norm"), hidden
+        for i in range(layers):
+            p = f"model.layers.{i}."
+            out = self.attention(i, normed, shared)
+            if arch.sandwich_norms:  # Gemma 3: norm the attention output, then the MLP input
+                post = self.gamma(p + "post_attention_layernorm.weight", f"layers.{i}.post_attn")
+                out = self.norm(out, post, name=f"layers.{i}/post_attn_norm")
+                pre_mlp = self.gamma(
+                    p + "pre_feedforward_layernorm.weight", f"layers.{i}.post_norm"
+                )
+            else:
+                pre_mlp = self.gamma(p + "post_attention_layernorm.weight", f"layers.{i}.post_norm")
+            normed, residual = self.skip_norm(
+                out, residual, pre_mlp, name=f"layers.{i}/post_norm", last=False
+            )
+            out = self.mlp(i, normed)
+            if arch.sandwich_norms:
+                post = self.gamma(p + "post_feedforward_layernorm.weight", f"layers.{i}.post_mlp")
+                out = self.norm(out, post, name=f"layers.{i}/post_mlp_norm")
+            last = i + 1 == layers
+            key, name = (
+                ("model.norm.weight", "final_norm")
+                if last
+                else (f"model.layers.{i + 1}.input_layernorm.weight", f"layers.{i + 1}.input_norm")
+            )
+            normed, residual = self.skip_norm(
+                out, residual, self.gamma(key, name), name=name, last=last
+            )
+        return normed
+
+    def shared_inputs(self) -> dict[str, str]:
+        """The total width and each row's length, computed once per run."""
+        from onnx import TensorProto
+
+        g = self.g
+        mask_shape = g.node("Shape", ["attention_mask"], name="mask_shape")[0]
+        zero = g.weight("const/zero", np.array([0], np.int64))
+        one = g.weight("const/one", np.array([1], np.int64))
+        total = g.node("Gather", [mask_shape, one], name="total")[0]  # [1] = past + S
+        total_i32 = g.node("Cast", [total], name="total_i32", to=TensorProto.INT32)[0]
+        total_len = g.node("Squeeze", [total_i32, zero], name="total_len")[0]  # scalar
+        # Rows are padded at the END: each row's length is its own count of ones in the mask,
+        # so its keys sit at the same columns whatever its batch-mates are (module docstring).
+        lengths = g.node("ReduceSum", ["attention_mask", one], name="lengths", keepdims=0)[0]
+        lengths_i32 = g.node("Cast", [lengths], name="lengths_i32", to=TensorProto.INT32)[0]
+        one_i32 = g.weight("const/one_i32", np.array([1], np.int32))
+        seqlens_k = g.node("Sub", [lengths_i32, one_i32], name="seqlens_k")[0]
+        return {"one": one, "seqlens_k": seqlens_k, "total_len": total_len}
+
+    def lm_head(self, normed: str) -> None:
+        """``logits`` of the last ``num_logits_to_keep`` positions (0, the default: all of them,
+        as the Optimum export gives). A prompt needs only its last position's logits, and the LM
+        head is a large part of a small model: keeping one position cuts it from every prefill."""
+        g, w = self.g, self.w
+        keep = g.weight(LOGITS_TO_KEEP, np.array([0], np.int64))
+        kept = g.node(
+            "Slice",
+            [
+                normed,
+                g.node("Neg", [keep], name="logits_start")[0],
+                g.weight("const/int64_max", np.array([np.iinfo(np.int64).max], np.int64)),
+                self.shared["one"],
+            ],
+            name="logits_positions",
+        )[0]
+        tied = "lm_head.weight" not in w
+        head = w["model.embed_tokens.weight" if tied else "lm_head.weight"]
+        logits = g.linear(kept, head.T, name="lm_head")
+        cap = architectures.final_logit_softcap(self.config)
+        if cap is None:
+            g.node("Identity", [logits], ["logits"], name="logits")
+            return
+        # Gemma: tanh(logits / cap) * cap, in transformers' order of operations
+        cap_name = g.weight("final_logit_softcap", np.array(cap, np.float32))
+        scaled = g.node("Div", [logits, cap_name], name="softcap/div")[0]
+        capped = g.node("Tanh", [scaled], name="softcap/tanh")[0]
+        g.node("Mul", [capped, cap_name], ["logits"], name="softcap/mul")
+
+
+def build_fused_model(model: Any, *, bits: int | None = None, weights: Path | None = None) -> Any:
+    """The fused ``onnx.ModelProto`` of a ``…ForCausalLM`` PyTorch model of a family in
+    ``architectures.ARCHITECTURES``; ``UnsupportedArchitecture`` for anything else. fp32, or
+    with ``bits`` (8 or 4) every weight matrix MatMulNBits (block 32, accuracy_level 4). With
+    ``weights``, the weights go to that file as they are made (save the model beside it)."""
+    from onnx import TensorProto, helper
+
+    graph = _Graph(weights) if bits is None else _NBitsGraph(bits, weights)
+    decoder = _Decoder(model, graph)
+    decoder.lm_head(decoder.build())
+    unread = decoder.w.unread()
+    if unread:  # a bias, a norm or a projection this builder does not know: refuse, not drop
+        raise UnsupportedArchitecture(
+            "The fused graph builder does not support this model: weights it would not use ("
+            + ", ".join(unread[:4])
+            + (", ..." if len(unread) > 4 else "")
+            + "). Use an Optimum recipe (q8, q8-fp32-head, fp32, ...) instead."
+        )
+    config, g = decoder.config, decoder.g
+    kv_heads, head_dim = decoder.kv_heads, decoder.head_dim
     fp32 = TensorProto.FLOAT
     cache_in = ["batch", kv_heads, "past_sequence_length", head_dim]
     cache_out = ["batch", kv_heads, "total_sequence_length", head_dim]
@@ -402,7 +512,7 @@ def build_fused_model(model: Any, *, bits: int | None = None, weights: Path | No
             "logits", fp32, ["batch", "kept_positions", int(config.vocab_size)]
         )
     ]
-    for i in range(layers):
+    for i in range(config.num_hidden_layers):
         for kind in ("key", "value"):
             inputs.append(
                 helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", fp32, cache_in)
@@ -416,7 +526,11 @@ def build_fused_model(model: Any, *, bits: int | None = None, weights: Path | No
     )
     # GroupQueryAttention appends in place when past and present share a buffer (the runner
     # binds them so); seqlens_k, each row's count of ones in the mask, says where its column goes.
-    helper.set_model_props(model_proto, {KV_LAYOUT: END_PADDED_IN_PLACE})
+    # The rotary tables end at MAX_POSITIONS: the engine's context does too.
+    helper.set_model_props(
+        model_proto,
+        {KV_LAYOUT: END_PADDED_IN_PLACE, MAX_POSITIONS: str(decoder.positions)},
+    )
     g.close()
     return model_proto
 

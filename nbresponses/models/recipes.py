@@ -203,6 +203,8 @@ def copy_fp32(source: Path, target: Path) -> None:
         shutil.copy2(source, target)
 
 
+# what the fused builder covers (nbresponses.models.architectures); others: UnsupportedArchitecture
+_FAMILIES = "Llama 3.x, Mistral, Qwen2/3, SmolLM3, Gemma 3 and Phi-3/4 decoders"
 RECIPES: dict[str, Recipe] = {
     r.name: r
     for r in (
@@ -243,7 +245,7 @@ RECIPES: dict[str, Recipe] = {
         Recipe(
             "fused-fp32",
             "our fused graph (GroupQueryAttention, SkipSimplifiedLayerNormalization, packed "
-            "QKV and gate/up) built from the source weights, fp32; Llama-family models only",
+            "QKV and gate/up) built from the source weights, fp32; " + _FAMILIES,
             params={
                 "graph": "fused",
                 "kv": "end-padded-in-place",
@@ -256,7 +258,7 @@ RECIPES: dict[str, Recipe] = {
         Recipe(
             "fused-q8",
             "the fused graph with MatMulNBits 8-bit weights, block 32, accuracy_level 4, "
-            "LM head quantized (about 2x the decode speed of q8); Llama-family models only",
+            "LM head quantized (about 2x the decode speed of q8); " + _FAMILIES,
             params={
                 "graph": "fused",
                 "kv": "end-padded-in-place",
@@ -272,7 +274,7 @@ RECIPES: dict[str, Recipe] = {
         Recipe(
             "fused-q4",
             "the fused graph with MatMulNBits 4-bit weights, block 32, accuracy_level 4, "
-            "LM head quantized (fastest, low fidelity on small models); Llama-family only",
+            "LM head quantized (fastest, low fidelity on small models); " + _FAMILIES,
             params={
                 "graph": "fused",
                 "kv": "end-padded-in-place",

@@ -144,7 +144,9 @@ class TokenGenerator:
         self.prepared = prepared
         self.tokenizer = tokenizer if tokenizer is not None else prepared.load_tokenizer()
         self.runner = OnnxRunner(prepared.onnx_path, threads=exact_threads(prepared, threads))
-        self._context_length = prepared.context_length
+        self._context_length = min(
+            prepared.context_length, self.runner.max_positions or prepared.context_length
+        )
         self._eos = _eos_ids(self.tokenizer, prepared)
         # Exactness first: a graph whose numbers depend on the rest of a run gets no reuse.
         self.prefix_cache = PrefixCache(prefix_cache_bytes if prepared.prefix_reuse else 0)

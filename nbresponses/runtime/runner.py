@@ -26,6 +26,7 @@ from nbresponses.models.fused import (  # the graph builder's names
     END_PADDED_IN_PLACE,
     KV_LAYOUT,
     LOGITS_TO_KEEP,
+    MAX_POSITIONS,
 )
 from nbresponses.runtime.kv import KVLayout
 
@@ -59,6 +60,9 @@ class OnnxRunner:
         # Older fused graphs (left padding with an attention bias) lack the mark: they run one
         # row at a time (``kv.SeparateKV``), which is exact for any graph.
         self.kv_in_place = metadata.get(KV_LAYOUT) == END_PADDED_IN_PLACE
+        # Fused graphs say how many positions their rotary tables cover (long-rope models stop
+        # at the original context, where they are exact): the engine's context stops there too.
+        self.max_positions = int(metadata[MAX_POSITIONS]) if MAX_POSITIONS in metadata else None
         # Some exports (gpt-oss) derive positions from the attention mask and take no position_ids.
         inputs = {i.name for i in self.session.get_inputs()}
         self._inputs = tuple(

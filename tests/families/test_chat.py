@@ -6,6 +6,7 @@ import asyncio
 import json
 
 import pytest
+from helpers.chat_templates import Templated
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -198,20 +199,6 @@ def test_render_injects_hermes_tools_for_smollm2(tokenizer):
     assert forced.text.endswith('<tool_call>\n{"name": "get_weather", "arguments": ')
     assert forced.prefill == '<tool_call>\n{"name": "get_weather", "arguments": '
     assert render(tokenizer, msgs, tools=tools, tool_mode="required").prefill == "<tool_call>\n"
-
-
-class Templated:
-    """The real tokenizer with another chat template (a thinking, tool-aware one)."""
-
-    def __init__(self, tokenizer, template: str) -> None:
-        self._tok = tokenizer
-        self.chat_template = template
-
-    def apply_chat_template(self, *args, **kwargs):
-        return self._tok.apply_chat_template(*args, chat_template=self.chat_template, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self._tok, name)
 
 
 THINKING_TEMPLATE = (

@@ -17,7 +17,16 @@ from openai.types.responses import FunctionTool
 from nbresponses.families.base import RenderedPrompt
 from nbresponses.families.chat.grammar import chat_grammar
 from nbresponses.families.chat.messages import to_chat
-from nbresponses.families.chat.parser import Delta, End, Event, Start, StreamParser
+from nbresponses.families.chat.parser import (
+    THINK_CLOSE,
+    THINK_OPEN,
+    Delta,
+    End,
+    Event,
+    Start,
+    StreamParser,
+)
+from nbresponses.families.chat.reasoning import effort_kwargs
 from nbresponses.families.chat.template import TemplateCapabilities, render, tool_schema
 from nbresponses.families.constrain import output_schema, tool_schemas
 from nbresponses.families.text import IncrementalDetokenizer, TokenBytes, protocol_logprob
@@ -42,6 +51,7 @@ class ChatFamily:
         self._bytes = TokenBytes(tokenizer)
         self._eos = tuple(eos_token_ids)
         self._grammar_tokenizer: GrammarTokenizer | None = None
+        self._keep_special = _special_think_tags(tokenizer)
 
     def grammar_tokenizer(self) -> GrammarTokenizer:
         """The tokenizer as the grammar engine sees it (built on first use: ~0.5 s)."""
@@ -72,10 +82,8 @@ class ChatFamily:
             raise unsupported(
                 "max_tool_calls", f"it counts built-in tool calls, which {HARMONY_ONLY}."
             )
-        if req.reasoning is not None and req.reasoning.effort is not None and not self.caps.effort:
-            raise unsupported(
-                "reasoning.effort", "this model's chat template has no reasoning switch."
-            )
+        if req.reasoning is not None:
+            effort_kwargs(self.caps, req.reasoning.effort)  # a 400 where it cannot be honoured
         output_schema(req)  # a 400 for a schema (or tool schema) that cannot be enforced
         if req.tool_mode != "none":
             tool_schemas(req)
@@ -109,7 +117,8 @@ class ChatFamily:
             mode=req.tool_mode,
             forced_tool=req.forced_tool,
             parallel=req.parallel_tool_calls,
-            prefill=prompt.prefill,
+            prefill=prompt.lead,
+            may_think=prompt.start == "free" and self.caps.reasons,
         )
         constraint = Grammar.lark(self.grammar_tokenizer(), grammar) if grammar else None
 
@@ -120,8 +129,9 @@ class ChatFamily:
                 self._bytes,
                 self._eos,
                 tools=calls,
-                prefill=prompt.prefill,
+                prefill=prompt.lead,
                 parallel_tool_calls=req.parallel_tool_calls and not forced,
+                keep_special=self._keep_special,
             )
 
         return RenderedPrompt(
@@ -142,11 +152,12 @@ class ChatDecoder:
         tools: bool,
         prefill: str,
         parallel_tool_calls: bool,
+        keep_special: bool = False,
     ) -> None:
         self._b = builder
         self._bytes = token_bytes
         self._eos = set(eos)
-        self._detok = IncrementalDetokenizer(tokenizer)
+        self._detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=not keep_special)
         self._parser = StreamParser(tools=tools, prefill=prefill)
         self._parallel = parallel_tool_calls
         self._pending: deque[tuple[int, TokenLogprob | None]] = deque()  # (text start, logprob)
@@ -220,3 +231,16 @@ class ChatDecoder:
                 else:
                     b.close("incomplete" if self._cut else "completed")
                 self._carry.clear()
+
+
+def _special_think_tags(tokenizer: Tokenizer) -> bool:
+    """Whether ``<think>`` or ``</think>`` is a special token of this tokenizer: a detokenizer
+    that skips special tokens would drop the tag and show the reasoning as the answer."""
+    try:
+        vocab = tokenizer.get_vocab()
+    except Exception:
+        return False
+    special = set(getattr(tokenizer, "all_special_ids", ()))
+    added = getattr(tokenizer, "added_tokens_decoder", {})
+    special |= {i for i, t in added.items() if getattr(t, "special", False)}
+    return any(vocab.get(tag) in special for tag in (THINK_OPEN, THINK_CLOSE))

@@ -17,13 +17,16 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from nbresponses.families.chat.parser import THINK_CLOSE, THINK_OPEN, TOOL_CLOSE, TOOL_OPEN
+from nbresponses.families.chat.parser import THINK_OPEN, TOOL_CLOSE, TOOL_OPEN
 from nbresponses.families.constrain import ToolSchema
 from nbresponses.grammar.matcher import json_lark, lark_string
 
 # Text that does not contain a tool-call opener (llguidance regexes have & and ~).
 _NO_CALL = f"/(?s:.*)/ & ~/(?s:.*){TOOL_OPEN}(?s:.*)/"
-_NO_THINK_CLOSE = r"/(?s:.*)/ & ~/(?s:.*)<\/think>(?s:.*)/"
+# The reasoning through its first </think>, as one lexeme: a lexeme that stopped before the tag
+# would be extended by "</think" greedily and then refuse the ">".
+_THINKING = r"/(?s:.*)<\/think>/ & ~/(?s:.*)<\/think>(?s:.+)/"
+_THINK_BLOCK = r"/<think>(?s:.*)<\/think>/ & ~/<think>(?s:.*)<\/think>(?s:.+)/"
 
 
 def chat_grammar(
@@ -34,8 +37,13 @@ def chat_grammar(
     forced_tool: str | None,
     parallel: bool,
     prefill: str,
+    may_think: bool = False,
 ) -> str | None:
-    """The Lark grammar of what the model generates after the prompt (None: unconstrained)."""
+    """The Lark grammar of what the model generates after the prompt (None: unconstrained).
+
+    ``may_think``: the model may open a ``<think>`` block of its own first (Qwen3, SmolLM3
+    with thinking on); a format that holds the answer from the first token would forbid it.
+    """
     calls = bool(tools) and mode != "none"
     if not calls and answer is None:
         return None
@@ -73,8 +81,11 @@ def chat_grammar(
     else:
         start = body
     if prefill.startswith(THINK_OPEN):  # the prompt opened <think>: reasoning comes first
-        rules.append(f"THINKING: {_NO_THINK_CLOSE}")
-        start = f"THINKING {lark_string(THINK_CLOSE)} /[ \\t\\n]*/ ({start})"
+        rules.append(f"THINKING: {_THINKING}")
+        start = f"THINKING /[ \\t\\n]*/ ({start})"
+    elif may_think and answer is not None:  # free text (with calls) admits a block already
+        rules.append(f"THINKING: {_THINK_BLOCK}")
+        start = f"(THINKING /[ \\t\\n]*/)? ({start})"
     return _lark(start, rules)
 
 

@@ -2,8 +2,11 @@
 
 It understands the conventions of chat-template models:
 
-* ``<think>...</think>`` is reasoning (Qwen3, DeepSeek-R1 distills, SmolLM3). A prompt that
-  already opens ``<think>`` is passed as ``prefill`` so the parser starts inside it.
+* ``<think>...</think>`` is reasoning (Qwen3, DeepSeek-R1 distills, SmolLM3), at the start of
+  the output or anywhere in it. A prompt that already opens ``<think>`` is passed as
+  ``prefill`` so the parser starts inside it; so is a bare ``<think>`` for models that start
+  inside their reasoning with no tag at all (older R1 distill templates). A ``<think>`` the
+  model writes again before its first word of reasoning is the same block, not text.
 * Hermes ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` is a function call (only
   when ``tools`` is on). Argument deltas stream once the name is known and the arguments
   object has begun; ``name`` after ``arguments`` or string-encoded arguments are buffered and
@@ -119,7 +122,7 @@ class StreamParser:
 
     def _tags(self) -> tuple[str, ...]:
         if self._state == "reasoning":
-            return (THINK_CLOSE,)
+            return (THINK_CLOSE,) if self._begun else (THINK_CLOSE, THINK_OPEN)
         return (THINK_OPEN, TOOL_OPEN) if self._tools else (THINK_OPEN,)
 
     def _process(self, *, final: bool) -> None:
@@ -139,8 +142,13 @@ class StreamParser:
     def _step_content(self, final: bool) -> None:
         hits = [(self._pending.find(t), t) for t in self._tags()]
         hits = [(i, t) for i, t in hits if i >= 0]
+        if self._state == "reasoning":  # <think> again, before any reasoning: the same block
+            hits = [(i, t) for i, t in hits if t == THINK_CLOSE or not self._pending[:i].strip()]
         if hits:
             i, tag = min(hits)
+            if tag == THINK_OPEN and self._state == "reasoning":
+                self._advance(i + len(tag))
+                return
             size = len(self._pending)
             if tag == TOOL_OPEN:
                 self._content(i, closing=False)

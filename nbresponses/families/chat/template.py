@@ -10,9 +10,14 @@ rendering adapts:
   (appended to the first system message, or as a new one), past calls rendered as
   ``<tool_call>`` blocks in the assistant turn and results as ``<tool_response>`` user turns:
   the format Qwen2.5 / Hermes models were trained on and that the parser reads back.
-* ``reasoning_content`` is passed only to templates that use it; otherwise past reasoning is
-  dropped from the prompt (what thinking models' own templates do with earlier turns).
-* A prompt that already opens ``<think>`` (R1 distills) makes that text the parser's prefill.
+* Templates that take tools but do not render past ``tool_calls`` (SmolLM3's) get those calls
+  as Hermes ``<tool_call>`` blocks in the assistant's content, so the model sees what it called.
+* ``reasoning_content`` is passed only to templates that use it (Qwen3's, which keeps it for
+  the turns after the last user message); otherwise past reasoning is dropped from the prompt
+  (what thinking models' own templates do with earlier turns: R1's and SmolLM3's drop it).
+* ``reasoning.effort`` becomes the template's switch (``reasoning``); where the prompt leaves
+  the reasoning is read back from the rendered text (``Prompt.start``): a prompt that already
+  opens ``<think>`` (R1 distills) makes that text the parser's prefill.
 """
 
 from __future__ import annotations
@@ -22,8 +27,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from nbresponses.families.chat.parser import THINK_CLOSE, THINK_OPEN, TOOL_OPEN
+from jinja2 import TemplateError
+
+from nbresponses.families.chat.capabilities import TemplateCapabilities
+from nbresponses.families.chat.parser import THINK_CLOSE, THINK_OPEN, TOOL_CLOSE, TOOL_OPEN
+from nbresponses.families.chat.reasoning import (
+    ThinkStart,
+    contradiction,
+    effort_kwargs,
+    overridden,
+    think_start,
+)
+from nbresponses.protocol.errors import unsupported
 from nbresponses.tokens.contract import Tokenizer
+
+__all__ = ["Prompt", "TemplateCapabilities", "render", "tool_schema"]
 
 ToolMode = Literal["none", "auto", "required"]
 
@@ -44,39 +62,20 @@ For each function call, return a json object with function name and arguments wi
 
 
 @dataclass(frozen=True)
-class TemplateCapabilities:
-    """What a chat template understands, read from its source text."""
-
-    tools: bool
-    reasoning_content: bool
-    enable_thinking: bool
-    reasoning_effort: bool
-
-    @classmethod
-    def of(cls, tokenizer: Tokenizer) -> TemplateCapabilities:
-        source = tokenizer.chat_template or ""
-        if isinstance(source, dict):
-            source = "\n".join(str(v) for v in source.values())
-        return cls(
-            tools="tools" in source,
-            reasoning_content="reasoning_content" in source,
-            enable_thinking="enable_thinking" in source,
-            reasoning_effort="reasoning_effort" in source,
-        )
-
-    @property
-    def effort(self) -> bool:
-        """Whether ``reasoning.effort`` can be expressed to this template at all."""
-        return self.enable_thinking or self.reasoning_effort
-
-
-@dataclass(frozen=True)
 class Prompt:
-    """A rendered prompt: its text, its ids, and the assistant text it already contains."""
+    """A rendered prompt: its text, its ids, the assistant text it already contains, and where
+    it leaves the reasoning (``reasoning.ThinkStart``)."""
 
     text: str
     ids: list[int]
     prefill: str
+    start: ThinkStart = "free"
+
+    @property
+    def lead(self) -> str:
+        """What the parser and grammar take as already written before the first token: the
+        prefill, or ``<think>`` when the model starts inside its reasoning untagged."""
+        return self.prefill or (THINK_OPEN if self.start == "implicit" else "")
 
 
 def tool_schema(name: str, description: str | None, parameters: dict[str, Any] | None) -> dict:
@@ -111,34 +110,45 @@ def render(
             kwargs["tools"] = tools
     else:
         msgs = _hermes(msgs, tools, caps)
-    if reasoning_effort is not None:
-        if caps.reasoning_effort:
-            kwargs["reasoning_effort"] = reasoning_effort
-        if caps.enable_thinking:
-            kwargs["enable_thinking"] = reasoning_effort not in ("none", "minimal")
-    text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False, **kwargs)
-    prefill = _open_think(text)
+    kwargs.update(effort_kwargs(caps, reasoning_effort))
+    text = _apply(tokenizer, msgs, kwargs, reasoning_effort)
+    start = think_start(text, caps)
+    if reasoning_effort is not None and "enable_thinking" in kwargs:
+        reason = contradiction(reasoning_effort, start)
+        flipped = {**kwargs, "enable_thinking": not kwargs["enable_thinking"]}
+        if reason and _apply(tokenizer, msgs, flipped, reasoning_effort) == text:
+            raise overridden(reasoning_effort, reason)  # the switch changed nothing
+    prefill = text[text.rfind(THINK_OPEN) :] if start == "open" else ""
     forced = ""
     if forced_tool is not None:
         forced = f'{TOOL_OPEN}\n{{"name": {json.dumps(forced_tool)}, "arguments": '
     elif tool_mode == "required" and tools:
         forced = f"{TOOL_OPEN}\n"
     if forced:
-        if prefill:  # a forced call cannot wait for thinking: close the block first
+        if start == "open":  # a forced call cannot wait for thinking: close the block first
             text += f"\n{THINK_CLOSE}\n\n"
-            prefill = ""
         text += forced
         prefill = forced
+        start = "closed"  # the output continues the call, never reasoning
     ids = tokenizer.encode(text, add_special_tokens=False)
-    return Prompt(text=text, ids=list(ids), prefill=prefill)
+    return Prompt(text=text, ids=list(ids), prefill=prefill, start=start)
 
 
-def _open_think(text: str) -> str:
-    """The tail of the prompt from an unclosed ``<think>`` on, or ""."""
-    at = text.rfind(THINK_OPEN)
-    if at < 0 or THINK_CLOSE in text[at:] or text[at + len(THINK_OPEN) :].strip():
-        return ""
-    return text[at:]
+def _apply(
+    tokenizer: Tokenizer, msgs: list[dict[str, Any]], kwargs: dict[str, Any], effort: str | None
+) -> str:
+    """The template's text; a template that refuses the effort's variables is a 400."""
+    try:
+        text = tokenizer.apply_chat_template(
+            msgs, add_generation_prompt=True, tokenize=False, **kwargs
+        )
+    except TemplateError as err:
+        if effort is None or not {"enable_thinking", "reasoning_effort"} & kwargs.keys():
+            raise
+        raise unsupported(
+            "reasoning.effort", f"this model's chat template refused it: {err}"
+        ) from err
+    return str(text)
 
 
 def _arguments(value: Any) -> Any:
@@ -154,7 +164,11 @@ def _native(message: dict[str, Any], caps: TemplateCapabilities) -> dict[str, An
     if not caps.reasoning_content:
         message.pop("reasoning_content", None)
     calls = message.get("tool_calls")
-    if calls:
+    if calls and not caps.tool_calls:  # the template would drop them: write them as text
+        blocks = _call_blocks(message.pop("tool_calls"))
+        content = message.get("content")
+        message["content"] = "\n".join([content, *blocks] if content else blocks)
+    elif calls:
         message["tool_calls"] = [
             {
                 "type": "function",
@@ -166,6 +180,18 @@ def _native(message: dict[str, Any], caps: TemplateCapabilities) -> dict[str, An
     return message
 
 
+def _call_blocks(calls: Sequence[dict[str, Any]]) -> list[str]:
+    """Past calls as the Hermes blocks the model writes (and the parser reads)."""
+    return [
+        f"{TOOL_OPEN}\n"
+        + json.dumps(
+            {"name": c["name"], "arguments": _arguments(c["arguments"])}, ensure_ascii=False
+        )
+        + f"\n{TOOL_CLOSE}"
+        for c in calls
+    ]
+
+
 def _hermes(
     messages: list[dict[str, Any]], tools: Sequence[dict[str, Any]], caps: TemplateCapabilities
 ) -> list[dict[str, Any]]:
@@ -175,14 +201,7 @@ def _hermes(
         if not caps.reasoning_content:
             m.pop("reasoning_content", None)
         if m["role"] == "assistant" and m.get("tool_calls"):
-            blocks = [
-                f"{TOOL_OPEN}\n"
-                + json.dumps(
-                    {"name": c["name"], "arguments": _arguments(c["arguments"])}, ensure_ascii=False
-                )
-                + "\n</tool_call>"
-                for c in m.pop("tool_calls")
-            ]
+            blocks = _call_blocks(m.pop("tool_calls"))
             m["content"] = "\n".join([m["content"], *blocks] if m.get("content") else blocks)
             out.append(m)
         elif m["role"] == "tool":

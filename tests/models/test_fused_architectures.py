@@ -1,0 +1,285 @@
+"""The fused graph for each decoder family it covers, on tiny random-weight models.
+
+For every architecture of ``helpers.tiny_archs``: the fused fp32 graph gives PyTorch's logits
+(within fp32 rounding) on a prompt set, prefill and a decode loop with past, positions well past
+Gemma 3's sliding window included, and the same greedy tokens; the 8-bit graph (the ``fused-q8``
+recipe's quantization) runs in the engine, and each request's tokens and logprobs are
+bit-identical alone and batched. What the builder cannot do it refuses, naming the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from helpers.engine import PROMPTS, chat_ids, collect
+from helpers.tiny_archs import ARCHITECTURES, SLIDING_WINDOW, build_tiny_model, save_tiny_model
+
+from nbresponses.models import architectures
+from nbresponses.models.fused import (
+    MAX_POSITIONS,
+    UnsupportedArchitecture,
+    build_fused_model,
+    check_supported,
+    save_model,
+)
+from nbresponses.models.prepared import PreparedModel
+from nbresponses.models.recipes import MODEL_FILE, RECIPES, quantize_nbits
+from nbresponses.runtime.generator import TokenGenerator
+from nbresponses.tokens.contract import SamplingParams
+
+NAMES = list(ARCHITECTURES)
+DECODE_STEPS = 12
+RELATIVE = 1e-4  # of the largest |logit|: fp32 rounding in another summation order
+
+
+def _session(model: onnx.ModelProto):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return ort.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+
+
+@functools.cache
+def _torch_model(name: str, vocab_size: int, special: tuple[tuple[str, int], ...]):
+    return build_tiny_model(name, vocab_size, special_ids=dict(special))
+
+
+@pytest.fixture(scope="module")
+def prompts(tokenizer) -> list[list[int]]:
+    return [chat_ids(tokenizer, text) for text in PROMPTS]
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def arch(request, tokenizer):
+    """(name, PyTorch model, fused fp32 ModelProto) of one architecture."""
+    special = (("eos_token_id", tokenizer.eos_token_id), ("pad_token_id", tokenizer.pad_token_id))
+    model = _torch_model(request.param, len(tokenizer), special)
+    return request.param, model, build_fused_model(model)
+
+
+def _empty_past(session) -> dict[str, np.ndarray]:
+    return {
+        i.name: np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32)
+        for i in session.get_inputs()
+        if i.name.startswith("past_key_values")
+    }
+
+
+def _step(session, ids: list[int], start: int, past: dict[str, np.ndarray]):
+    """Run ``ids`` at positions ``start..``; returns (logits [len, V], the next past)."""
+    names = [o.name for o in session.get_outputs()]
+    feeds = {
+        "input_ids": np.asarray([ids], np.int64),
+        "attention_mask": np.ones((1, start + len(ids)), np.int64),
+        "position_ids": np.arange(start, start + len(ids), dtype=np.int64)[None],
+        **past,
+    }
+    out = dict(zip(names, session.run(names, feeds), strict=True))
+    return out["logits"][0], {
+        n.replace("present.", "past_key_values."): v for n, v in out.items() if n != "logits"
+    }
+
+
+def _torch_logits(model, ids: list[int]) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float().numpy()
+
+
+def test_the_prompts_run_past_the_sliding_window(prompts) -> None:
+    assert min(len(p) for p in prompts) > 3 * SLIDING_WINDOW
+
+
+def test_fp32_graph_equals_pytorch_prefill_and_decode(arch, prompts) -> None:
+    """Prefill logits, then a greedy decode loop fed its own past: PyTorch's logits at every
+    position within 1e-4 of their scale, and PyTorch's greedy tokens (four prompts of 31 to
+    49 tokens: the shortest, two between, the longest)."""
+    name, model, graph = arch
+    session = _session(graph)
+    worst = 0.0
+    for prompt in [*sorted(prompts, key=len)[::2], max(prompts, key=len)]:
+        logits, past = _step(session, prompt, 0, _empty_past(session))
+        generated, decoded = [], [logits[-1]]
+        for _ in range(DECODE_STEPS - 1):
+            generated.append(int(np.argmax(decoded[-1])))
+            step, past = _step(session, generated[-1:], len(prompt) + len(generated) - 1, past)
+            decoded.append(step[-1])
+        generated.append(int(np.argmax(decoded[-1])))
+        reference = _torch_logits(model, prompt + generated)[:-1]  # each token's logits
+        ours = np.concatenate([logits[:-1], np.stack(decoded)])
+        scale = np.abs(reference).max()
+        worst = max(worst, np.abs(ours - reference).max() / scale)
+        assert np.abs(ours - reference).max() <= RELATIVE * scale, (name, len(prompt))
+        # PyTorch's argmax after each prefix of our tokens: our greedy tokens are PyTorch's
+        assert generated == reference[len(prompt) - 1 :].argmax(-1).tolist(), name
+    assert worst > 0  # another kernel's summation order: equal to rounding, not identical
+
+
+def test_yarn_rope_scaling_equals_pytorch(prompts, tokenizer) -> None:
+    """Qwen3's long-context setting (yarn): a fixed function of the position, like llama3's."""
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}
+    model = build_tiny_model("qwen3", len(tokenizer), rope_scaling=yarn)
+    session = _session(build_fused_model(model))
+    prompt = max(prompts, key=len)
+    logits, _ = _step(session, prompt, 0, _empty_past(session))
+    reference = _torch_logits(model, prompt)
+    assert np.abs(logits - reference).max() <= RELATIVE * np.abs(reference).max()
+
+
+def test_graph_is_fused(arch) -> None:
+    """Attention in one kernel per layer and nothing unfused left; the family's extras only."""
+    name, model, graph = arch
+    config = model.config
+    layers = config.num_hidden_layers
+    ops = Counter(n.op_type for n in graph.graph.node)
+    assert ops["GroupQueryAttention"] == layers
+    assert ops["MatMul"] == 4 * layers + 1  # packed qkv, o, packed gate/up, down; the LM head
+    assert not {"Softmax", "Transpose", "Pow", "ReduceMean", "Sin", "Cos", "Where"} & set(ops)
+    spec = architectures.ARCHITECTURES[config.model_type]
+    norms = ops["SimplifiedLayerNormalization"] + ops["SkipSimplifiedLayerNormalization"]
+    assert norms == 1 + 2 * layers + (2 * layers if spec.sandwich_norms else 0) + (
+        2 * layers if spec.qk_norm else 0
+    )
+    attention = [n for n in graph.graph.node if n.op_type == "GroupQueryAttention"]
+    rotary = [next(a.i for a in n.attribute if a.name == "do_rotary") for n in attention]
+    windows = [next(a.i for a in n.attribute if a.name == "local_window_size") for n in attention]
+    assert rotary == [int(r is not None) for r in architectures.layer_rotary(config)]
+    assert windows == [w or -1 for w in architectures.layer_windows(config)]
+    if name == "smollm3":
+        assert rotary == [1, 0, 1]
+    if name == "mistral":
+        assert windows == [SLIDING_WINDOW] * layers
+    if name == "gemma3":
+        assert windows == [SLIDING_WINDOW, -1, SLIDING_WINDOW]
+        assert ops["Tanh"] == 1  # the final logit softcap
+
+
+def test_long_rope_stops_at_the_original_context(arch) -> None:
+    """Phi-3.5 / Phi-4-mini: the graph covers the positions where its long-rope is exact (the
+    short factors), and says so; the others cover their whole context."""
+    _, model, graph = arch
+    config = model.config
+    positions = int(dict((p.key, p.value) for p in graph.metadata_props)[MAX_POSITIONS])
+    if architectures.rope_type(config) == "longrope":
+        assert positions == config.original_max_position_embeddings < config.max_position_embeddings
+    else:
+        assert positions == config.max_position_embeddings
+
+
+def _prepared(model, graph: onnx.ModelProto, folder: Path, tokenizer, recipe: str):
+    """A prepared folder as ``prepare_model`` writes it, without the export and fidelity."""
+    folder.mkdir(parents=True, exist_ok=True)
+    params = RECIPES[recipe].params
+    if params.get("bits", 32) < 32:
+        quantized = quantize_nbits(graph, params["bits"], quantize_head=True)
+        quantized.save_model_to_file(str(folder / MODEL_FILE), use_external_data_format=False)
+    else:
+        save_model(graph, folder / MODEL_FILE)
+    model.config.save_pretrained(str(folder))
+    tokenizer.save_pretrained(str(folder))
+    manifest = {"kind": "prepared", "name": folder.name, "recipe": {"name": recipe, **params}}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return PreparedModel.open(folder)
+
+
+async def test_q8_in_the_engine_batched_equals_alone(arch, prompts, tokenizer, tmp_path) -> None:
+    """The ``fused-q8`` graph in the engine: every request's tokens and logprobs (top 2 too)
+    bit-identical alone and batched with requests of other lengths, joining at other steps."""
+    name, model, _ = arch
+    graph = build_fused_model(model)  # the quantizer changes the proto in place
+    prepared = _prepared(model, graph, tmp_path / name, tokenizer, "fused-q8")
+    assert any(n.op_type == "MatMulNBits" for n in onnx.load(str(prepared.onnx_path)).graph.node)
+    params = SamplingParams(max_tokens=10, temperature=0, logprobs=True, top_logprobs=2)
+    async with TokenGenerator(prepared, tokenizer=tokenizer, prefix_cache_bytes=0) as engine:
+        assert engine.runner.kv_in_place
+        alone = [(await collect(engine, p, params))[0] for p in prompts]
+
+        async def later(prompt: list[int], delay: float):
+            await asyncio.sleep(delay)
+            return (await collect(engine, prompt, params))[0]
+
+        batched = await asyncio.gather(
+            *(later(p, 0.0) for p in prompts), *(later(p, 0.02 * i) for i, p in enumerate(prompts))
+        )
+    assert all(steps[0].logprobs for steps in alone)
+    assert list(batched) == alone * 2, name
+
+
+async def test_engine_context_stops_where_the_rotary_tables_do(tokenizer, tmp_path) -> None:
+    model = build_tiny_model("phi3", len(tokenizer), special_ids={"pad_token_id": 0})
+    prepared = _prepared(
+        model, build_fused_model(model), tmp_path / "phi3", tokenizer, "fused-fp32"
+    )
+    assert prepared.context_length == model.config.max_position_embeddings
+    async with TokenGenerator(prepared, tokenizer=tokenizer) as engine:
+        assert engine.context_length == model.config.original_max_position_embeddings
+
+
+def test_a_family_through_the_fused_recipe(tokenizer_dir, tmp_path, monkeypatch) -> None:
+    """Gemma 3 end to end: Optimum exports it, the recipe builds the fused graph from the saved
+    folder, and it agrees with the export on every scored token (one fidelity sample: fast)."""
+    from nbresponses.models import fidelity, prepare
+    from nbresponses.models.prepare import prepare_model
+
+    quick = functools.partial(
+        fidelity.measure_fidelity, samples=fidelity.FIDELITY_SET[:1], greedy_tokens=8
+    )
+    monkeypatch.setattr(prepare, "measure_fidelity", quick)
+    source = save_tiny_model("gemma3", tmp_path / "gemma3-src", tokenizer_dir)
+    prepared = prepare_model(source, "fused-fp32", cache_dir=tmp_path / "cache", progress=False)
+    assert prepared.fidelity["top1_agreement"] == 1.0
+    assert prepared.fidelity["max_abs_dlogprob"] < 1e-3
+
+
+def _config(name: str, **changes):
+    config = ARCHITECTURES[name](1000)
+    for key, value in changes.items():
+        setattr(config, key, value)
+    return config
+
+
+@pytest.mark.parametrize(
+    ("config", "reason"),
+    [
+        (
+            lambda: _config("phi4-mini", partial_rotary_factor=0.375),
+            r"partial rotary of 24 of 64.*16",
+        ),
+        (lambda: _config("qwen3", attention_bias=True), "attention_bias"),
+        (lambda: _config("gemma3", use_bidirectional_attention=True), "bidirectional"),
+        (lambda: _config("gemma3", hidden_activation="gelu"), "hidden_activation 'gelu'"),
+        (
+            lambda: _config("llama3", rope_scaling={"rope_type": "dynamic", "factor": 2.0}),
+            "rope_scaling 'dynamic'",
+        ),
+    ],
+)
+def test_what_the_builder_cannot_do_is_refused_with_the_reason(config, reason) -> None:
+    with pytest.raises(UnsupportedArchitecture, match=reason):
+        check_supported(config())
+
+
+def test_weights_the_builder_would_not_read_are_refused() -> None:
+    """A tripwire for what the configs do not say: no weight is dropped silently."""
+    import torch
+
+    model = build_tiny_model("llama3", 1000)
+    model.model.layers[0].self_attn.o_proj.bias = torch.nn.Parameter(torch.zeros(64))
+    with pytest.raises(UnsupportedArchitecture, match=r"o_proj\.bias"):
+        build_fused_model(model)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_family_is_supported(name) -> None:
+    check_supported(ARCHITECTURES[name](1000))
