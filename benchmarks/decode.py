@@ -1,119 +1,171 @@
-"""Decode speed of the engine against its peers, measured side by side in one process.
+"""Decode speed and TTFT of the engine against its peers, measured side by side in one run.
 
-Systems (each optional ones skipped when not installed): the engine at 1, 4 and 16 concurrent
-requests for every recipe in ``--recipes`` (default: ``q8``, the Optimum graph, and ``fused-q8``,
-our fused graph); optimum ``ORTModelForCausalLM.generate`` on the first recipe's model file;
-PyTorch fp32 ``generate``; llama.cpp (``llama-cpp-python``) on a GGUF given with ``--gguf`` (Q8_0
-of the same model for a fair comparison). Rounds go round-robin over the systems and the table
-reports medians, because timings on shared machines drift. Every system generates exactly
-``--max-tokens`` tokens greedily (eos ignored) from the same chat prompt, cold: the engine's
-prefix cache is off unless ``--warm``.
+Workloads (``--workloads``, benchmarks/workloads.py): ``chat`` (a short held-out question at
+batch 1; 16 distinct questions of 36-226 tokens when concurrent) and ``grounded`` (summarise /
+quote / correct / list a given text: prompts of 216-352 tokens whose answers repeat the input).
+Scenarios (``--concurrency``, ``--stagger-ms``): 1 request; n concurrent cold prompts of mixed
+lengths arriving together; and, for the largest n, the same prompts arriving one every
+``--stagger-ms`` (default 50 ms).
 
-When llama-cpp-python is installed and no ``--gguf`` is given, the bundled GGUF (Q4_1) is
-converted to Q8_0 with llama.cpp's own quantizer (``llama_model_quantize``, requantizing: the
-weights carry Q4_1's precision, the tensors and kernels are Q8_0's, so speed is Q8_0's). Without
-llama-cpp-python the llama.cpp column is the ANCHOR from docs/concepts/measurements.md (Q8_0,
-batch 1, 127 tok/s on a quiet machine with this model and prompt), not a measurement of this
-run: on a busy machine every measured number drops and the ratio against the anchor
-understates.
+Systems, each skipped when not installed or named in ``--skip``:
+- ``engine``: ``TokenGenerator`` for every recipe in ``--recipes`` (default ``fused-q8``), all
+  scenarios, in this process;
+- ``llama.cpp``: ``llama-cpp-python`` on ``--gguf`` (default: the bundled model requantized to
+  Q8_0 with llama.cpp's own quantizer), batch 1 only (it serves one sequence at a time, so its
+  batch-1 speed is also what it serves concurrent requests at);
+- ``vllm``: vLLM's CPU build from its own venv (``--vllm VENV/bin/python``, installed by
+  benchmarks/install_vllm.sh), all scenarios: started as a server with both cores, driven over
+  loopback ``/v1/completions`` with the same prompt tokens, stopped at the end;
+- ``optimum`` (``ORTModelForCausalLM.generate`` on the first recipe's file) and ``torch``
+  (PyTorch fp32 ``generate``): batch 1 only.
 
-    pip install llama-cpp-python   # builds llama.cpp from source (about 7 min on 2 cores)
-    python benchmarks/decode.py --rounds 3
+Every system generates exactly ``--max-tokens`` tokens greedily with eos ignored, from the same
+token ids, cold (no prefix-cache hits: the engine's cache is off unless ``--warm``, vLLM runs
+with prefix caching off, llama.cpp is reset). Rounds go round-robin over every (system,
+workload, scenario) after one warm-up pass, and the table reports medians over rounds, because
+timings on a shared machine drift: compare the ratios, which are measured side by side.
+
+Columns: TTFT p50 / p95 over the requests of a round (from each request's own arrival); tok/s
+is the decode speed after the first token at batch 1 and the aggregate (all tokens / wall time
+from the first arrival to the last token) when concurrent; "vs own x1" divides by the same
+system's batch-1 decode on the same workload; "vs llama.cpp" by llama.cpp's batch-1 decode; "vs
+vLLM" by vLLM in the same scenario. The output check compares each peer's batch-1 tokens with
+the engine's. ``--load`` times ``Engine.load()`` of the prepared model in fresh subprocesses,
+``--prepare`` one prepare into an empty cache under ``/usr/bin/time -v`` (both slow, off by
+default). Tables print as Markdown.
+
+    python benchmarks/decode.py --rounds 3                          # everything installed
+    python benchmarks/decode.py --vllm /work/venvs/vllm/bin/python  # with vLLM as a peer
+    python benchmarks/decode.py --workloads chat --concurrency 1 --rounds 1 --skip optimum torch
+    python benchmarks/decode.py --load --prepare --skip engine llama.cpp optimum torch
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
+import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from loadtime import measure_load, measure_prepare
+from workloads import Workload, load_workloads
 
 from nbresponses.models.cpu import physical_cores
 from nbresponses.models.prepare import prepare_model
 from nbresponses.runtime.generator import DEFAULT_PREFIX_CACHE, TokenGenerator
-from nbresponses.tokens.contract import GenerationStats, SamplingParams
+from nbresponses.tokens.contract import SamplingParams
 
-PROMPT = "What is the capital of France? Answer in a few sentences."
-# "x16 mixed": 16 prompts of 30 to ~200 tokens, so decoding rows have different lengths (the
-# batch is ragged), as in real use; the plain x4/x16 rows all share one prompt.
-MIXED_CONTEXT = (
-    "The Seine flows through Paris. The city has twenty arrondissements. Its metro opened in "
-    "1900. The Louvre was a royal palace before it became a museum. "
-)
-
-Result = dict[str, float]  # ttft_s, decode_tps (batch 1), aggregate_tps
-LLAMA_CPP_Q8_ANCHOR = 127.0  # tok/s, batch 1, docs/concepts/measurements.md (not measured here)
-CONCURRENCY = (1, 4, 16)
+# One request's timeline: its arrival, (time, tokens) per chunk/step it received, its token ids.
+Trace = tuple[float, list[tuple[float, int]], list[int]]
+Metrics = dict[str, float]
+SKIPPABLE = ("engine", "llama.cpp", "vllm", "optimum", "torch")
 
 
-def mixed_prompts(tokenizer, n: int = 16) -> list[list[int]]:
-    """``n`` chat prompts of growing length: the question after 0..n-1 sentences of context."""
-    sentences = MIXED_CONTEXT.split(". ")
-    texts = [" ".join(sentences[: i % len(sentences)] * (1 + i // 4)) + PROMPT for i in range(n)]
-    return [
-        list(
-            tokenizer.apply_chat_template(
-                [{"role": "user", "content": t}], add_generation_prompt=True
-            )
-        )
-        for t in texts
-    ]
+@dataclass(frozen=True)
+class Scenario:
+    n: int
+    stagger_s: float = 0.0
+
+    @property
+    def label(self) -> str:
+        if self.n == 1:
+            return "x1"
+        return f"x{self.n} staggered" if self.stagger_s else f"x{self.n}"
 
 
-def engine_runner(engine: TokenGenerator, prompts: list[list[int]], max_tokens: int):
-    """One round: every prompt as a concurrent request."""
+@dataclass
+class Case:
+    """One timed thing: a system on a workload in a scenario."""
+
+    system: str
+    workload: str
+    scenario: Scenario
+    run: Callable[[], list[Trace]]
+
+
+def metrics(traces: list[Trace]) -> Metrics:
+    """TTFT percentiles, batch-1 decode (the first request), aggregate and all-in tok/s."""
+    ttfts = [events[0][0] - start for start, events, _ in traces]
+    first_events = traces[0][1]
+    first_tokens = sum(n for _, n in first_events)
+    total = sum(n for _, events, _ in traces for _, n in events)
+    begin = min(start for start, _, _ in traces)
+    end = max(events[-1][0] for _, events, _ in traces)
+    # steady state: every row has its first token, all decode together
+    all_in = max(events[0][0] for _, events, _ in traces)
+    steady = sum(n for _, events, _ in traces for t, n in events if t > all_in)
+    decode_s = first_events[-1][0] - first_events[0][0]
+    return {
+        "ttft_p50": float(np.percentile(ttfts, 50)),
+        "ttft_p95": float(np.percentile(ttfts, 95)),
+        "decode_tps": (first_tokens - first_events[0][1]) / decode_s,
+        "aggregate_tps": total / (end - begin),
+        "steady_tps": steady / (end - all_in) if end > all_in else float("nan"),
+    }
+
+
+def engine_runner(
+    engine: TokenGenerator, prompts: list[list[int]], max_tokens: int, stagger_s: float
+) -> Callable[[], list[Trace]]:
+    """One round: every prompt as a request, the i-th arriving after ``i * stagger_s``."""
     engine._scheduler.stop_ids = frozenset()  # benchmark only: fixed lengths, eos ignored
+    params = SamplingParams(max_tokens=max_tokens, temperature=0)
 
-    async def one(prompt: list[int]) -> tuple[float, list[float], int]:
-        stats = GenerationStats()
+    async def one(i: int, prompt: list[int]) -> Trace:
+        await asyncio.sleep(i * stagger_s)
         start = time.perf_counter()
-        times = []
-        async for _ in engine.generate(
-            prompt, SamplingParams(max_tokens=max_tokens, temperature=0), stats
-        ):
-            times.append(time.perf_counter())
-        return start, times, stats.output_tokens
+        events: list[tuple[float, int]] = []
+        ids: list[int] = []
+        async for step in engine.generate(prompt, params):
+            if step.token_ids:  # several per step once speculation lands
+                events.append((time.perf_counter(), len(step.token_ids)))
+                ids.extend(step.token_ids)
+        return start, events, ids
 
-    async def run() -> Result:
-        start = time.perf_counter()
-        results = await asyncio.gather(*(one(p) for p in prompts))
-        end = time.perf_counter()
-        total = sum(r[2] for r in results)
-        _, first_times, first_tokens = results[0]
-        # steady state: every row admitted (the last prompt prefilled), all decoding together
-        all_in = max(times[0] for _, times, _ in results)
-        steady = sum(t > all_in for _, times, _ in results for t in times)
-        return {
-            "ttft_s": statistics.median(times[0] - begin for begin, times, _ in results),
-            "decode_tps": (first_tokens - 1) / (first_times[-1] - first_times[0]),
-            "aggregate_tps": total / (end - start),
-            "steady_tps": steady / (end - all_in),
-        }
+    async def run() -> list[Trace]:
+        return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
 
     return lambda: asyncio.run(run())
 
 
-def optimum_runner(
-    prepared, prompt: list[int], max_tokens: int, threads: int | None = None
-) -> Callable[[], Result]:
+def llama_cpp_runner(llm, prompt: list[int], max_tokens: int) -> Callable[[], list[Trace]]:
+    def run() -> list[Trace]:
+        llm.reset()  # else generate() reuses the previous run's KV for the shared prefix
+        start = time.perf_counter()
+        events: list[tuple[float, int]] = []
+        ids: list[int] = []
+        for token in llm.generate(prompt, temp=0.0, reset=True):  # never stops on eos
+            events.append((time.perf_counter(), 1))
+            ids.append(int(token))
+            if len(ids) >= max_tokens:
+                break
+        return [(start, events, ids)]
+
+    return run
+
+
+def load_llama_cpp(gguf: Path):
+    from llama_cpp import Llama
+
+    return Llama(str(gguf), n_ctx=1024, n_threads=physical_cores(), n_batch=512, verbose=False)
+
+
+def optimum_runner(prepared, threads: int | None):
     import onnxruntime as ort
-    import torch
     from optimum.onnxruntime import ORTModelForCausalLM
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads or physical_cores()
-    model = ORTModelForCausalLM.from_pretrained(
+    return ORTModelForCausalLM.from_pretrained(
         str(prepared.path), file_name="model.onnx", use_cache=True, session_options=options
     )
-    ids = torch.tensor([prompt])
-    return lambda: _hf_generate(model, ids, max_tokens)
 
 
-def torch_runner(prompt: list[int], max_tokens: int) -> Callable[[], Result]:
+def torch_model():
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -122,61 +174,34 @@ def torch_runner(prompt: list[int], max_tokens: int) -> Callable[[], Result]:
     gguf = bundled_gguf_path()
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name).eval()
     torch.set_num_threads(physical_cores())
-    ids = torch.tensor([prompt])
-    return lambda: _hf_generate(model, ids, max_tokens)
+    return model
 
 
-def _hf_generate(model, ids, max_tokens: int) -> Result:
+def hf_runner(model, prompt: list[int], max_tokens: int) -> Callable[[], list[Trace]]:
+    """``generate`` has no per-token clock: TTFT is a 1-token generate, decode the rest."""
     import torch
 
+    ids = torch.tensor([prompt])
     mask = torch.ones_like(ids)
-    with torch.no_grad():
+
+    def generate(n: int):
+        with torch.no_grad():
+            return model.generate(
+                ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                pad_token_id=0,
+            )  # fmt: skip
+
+    def run() -> list[Trace]:
         start = time.perf_counter()
-        model.generate(
-            ids,
-            attention_mask=mask,
-            max_new_tokens=1,
-            min_new_tokens=1,
-            do_sample=False,
-            pad_token_id=0,
-        )
+        generate(1)
         ttft = time.perf_counter() - start
         start = time.perf_counter()
-        out = model.generate(
-            ids,
-            attention_mask=mask,
-            max_new_tokens=max_tokens,
-            min_new_tokens=max_tokens,
-            do_sample=False,
-            pad_token_id=0,
-        )
-        elapsed = time.perf_counter() - start
-    n = out.shape[1] - ids.shape[1]
-    return {"ttft_s": ttft, "decode_tps": (n - 1) / (elapsed - ttft), "aggregate_tps": n / elapsed}
-
-
-def llama_cpp_runner(gguf: Path, prompt: list[int], max_tokens: int) -> Callable[[], Result]:
-    from llama_cpp import Llama
-
-    llm = Llama(str(gguf), n_ctx=1024, n_threads=physical_cores(), n_batch=512, verbose=False)
-
-    def run() -> Result:
-        llm.reset()
-        start = time.perf_counter()
-        first = None
-        n = 0
-        for _ in llm.generate(prompt, temp=0.0, reset=True):
-            n += 1
-            if first is None:
-                first = time.perf_counter()
-            if n >= max_tokens:
-                break
+        out = generate(max_tokens)
         end = time.perf_counter()
-        return {
-            "ttft_s": first - start,
-            "decode_tps": (n - 1) / (end - first),
-            "aggregate_tps": n / (end - start),
-        }
+        tokens = [int(t) for t in out[0, ids.shape[1] :]]
+        # as one first token at +ttft and the rest spread until the end of the full generate
+        events = [(start + ttft, 1), (end, len(tokens) - 1)]
+        return [(start, events, tokens)]
 
     return run
 
@@ -211,13 +236,21 @@ def bundled_q8_0_gguf(folder: Path) -> Path:
     return target
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument(
-        "--recipes", nargs="+", default=["q8", "fused-q8"], help="the first is the baseline"
+        "--workloads", nargs="+", default=["chat", "grounded"], choices=["chat", "grounded"]
     )
+    parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 4, 16])
+    parser.add_argument(
+        "--stagger-ms",
+        type=float,
+        default=50.0,
+        help="also run the largest concurrency with one arrival every this many ms (0: no)",
+    )
+    parser.add_argument("--recipes", nargs="+", default=["fused-q8"], help="the first is the base")
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument(
         "--threads", type=int, default=None, help="engine threads (default: physical cores)"
@@ -226,110 +259,215 @@ def main() -> None:
         "--gguf", type=Path, default=None, help="llama.cpp model (default: bundled, as Q8_0)"
     )
     parser.add_argument(
-        "--warm", action="store_true", help="keep the prefix cache on (repeat prompts hit it)"
+        "--vllm", type=Path, default=None, help="the python of a vLLM CPU venv: adds vLLM"
     )
-    parser.add_argument("--skip", nargs="*", default=[], help="optimum torch llama.cpp")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--warm", action="store_true", help="keep the engine's prefix cache on (repeats hit it)"
+    )
+    parser.add_argument("--skip", nargs="*", default=[], choices=SKIPPABLE)
+    parser.add_argument(
+        "--load", type=int, nargs="?", const=3, default=0, help="time Engine.load() N times (3)"
+    )
+    parser.add_argument(
+        "--prepare", action="store_true", help="time a prepare into an empty cache (slow)"
+    )
+    return parser.parse_args()
 
+
+def scenarios(args: argparse.Namespace) -> list[Scenario]:
+    out = [Scenario(n) for n in sorted(set(args.concurrency))]
+    top = max(args.concurrency)
+    if args.stagger_ms > 0 and top > 1:
+        out.append(Scenario(top, args.stagger_ms / 1000))
+    return out
+
+
+def main() -> None:
+    args = parse_args()
     prepared = {
         r: prepare_model(None, r, cache_dir=args.cache_dir, progress=False) for r in args.recipes
     }
-    # Cold prompts by default: every round repeats the prompt, and the prefix cache would turn
-    # each prefill after the first into a one-token step (TTFT 16 ms instead of ~50), which is
-    # not what a new conversation costs and not what llama.cpp (reset each run) is timed on.
-    prefix_cache = DEFAULT_PREFIX_CACHE if args.warm else 0
-    engines = {
-        r: TokenGenerator(p, threads=args.threads, prefix_cache_bytes=prefix_cache)
-        for r, p in prepared.items()
-    }
     base = args.recipes[0]
-    prompt = list(
-        engines[base].tokenizer.apply_chat_template(
-            [{"role": "user", "content": PROMPT}], add_generation_prompt=True
-        )
-    )
+    # Cold prompts by default: every round repeats the prompts, and the prefix cache would turn
+    # each prefill after the first into a one-token step, which is not what a new conversation
+    # costs and not what the peers (reset, prefix caching off) are timed on.
+    prefix_cache = DEFAULT_PREFIX_CACHE if args.warm else 0
+    engines = {}
+    if "engine" not in args.skip:
+        engines = {
+            r: TokenGenerator(p, threads=args.threads, prefix_cache_bytes=prefix_cache)
+            for r, p in prepared.items()
+        }
+    tokenizer = prepared[base].load_tokenizer()
+    workloads = load_workloads(tokenizer, args.workloads)
+    plan = scenarios(args)
     for p in prepared.values():
         print(p.describe())
     print(
-        f"prompt {len(prompt)} tokens, {args.max_tokens} generated, "
-        f"{args.threads or physical_cores()} engine threads, {args.rounds} rounds, "
-        f"prefix cache {'on (warm prompts)' if args.warm else 'off (cold prompts)'}"
+        f"{args.max_tokens} tokens generated per request, greedy, eos ignored; "
+        f"{args.threads or physical_cores()} engine threads; {args.rounds} rounds, medians; "
+        f"engine prefix cache {'on (warm prompts)' if args.warm else 'off (cold prompts)'}"
     )
+    for w in workloads:
+        lengths = [len(p) for p in w.mixed]
+        print(f"{w.name}: x1 prompt {len(w.single)} tokens, mixed {min(lengths)}-{max(lengths)}")
 
-    systems: dict[str, Callable[[], Result]] = {}
-    mixed = mixed_prompts(engines[base].tokenizer)
-    print(f"x16 mixed: prompts of {min(map(len, mixed))}-{max(map(len, mixed))} tokens")
-    for recipe, engine in engines.items():
-        for n in CONCURRENCY:
-            systems[f"engine {recipe} x{n}"] = engine_runner(engine, [prompt] * n, args.max_tokens)
-        systems[f"engine {recipe} x16 mixed"] = engine_runner(engine, mixed, args.max_tokens)
-    if "optimum" not in args.skip:
-        systems[f"optimum generate {base}"] = optimum_runner(
-            prepared[base], prompt, args.max_tokens, args.threads
+    cases = build_cases(args, engines, prepared[base], workloads, plan)
+    server = None
+    if args.vllm and "vllm" not in args.skip:
+        from vllm_peer import VllmServer, vllm_model_folder, vllm_runner
+
+        log = Path(args.cache_dir or "/tmp") / "vllm-serve.log"
+        server = VllmServer(args.vllm, vllm_model_folder(args.cache_dir), log)
+        print(f"starting vLLM (log: {log}) ...", flush=True)
+        server.__enter__()
+        print(f"vLLM answered after {server.startup_s:.0f} s")
+        for w in workloads:
+            for s in plan:
+                run = vllm_runner(server, w.take(s.n), args.max_tokens, s.stagger_s)
+                cases.append(Case("vLLM bf16", w.name, s, run))
+    before = os.getloadavg()[0]
+    try:
+        samples = measure(cases, args.rounds)
+    finally:
+        if server is not None:
+            server.__exit__()
+        for engine in engines.values():
+            engine.close_sync()
+    if samples:
+        report(samples, base, workloads, args.max_tokens)
+        print(
+            f"\nload average (1 min) {before:.1f} before the rounds, {os.getloadavg()[0]:.1f} "
+            f"after, on {os.cpu_count()} CPUs: above ~2 other processes share the cores"
         )
-    if "torch" not in args.skip:
-        systems["pytorch fp32 generate"] = torch_runner(prompt, args.max_tokens)
+    if args.load:
+        load = measure_load(base, args.cache_dir, args.load)
+        print(f"\n### Engine.load() of prepared `{base}`, fresh process, median of {args.load}\n")
+        print("| import nbresponses | Engine.load() | first token after load | whole process |")
+        print("|---|---|---|---|")
+        print(
+            f"| {load['import_s']:.2f} s | {load['load_s']:.2f} s | "
+            f"{load['first_token_s'] * 1000:.0f} ms | {load['process_s']:.2f} s |"
+        )
+    if args.prepare:
+        prep = measure_prepare(base)
+        print(f"\n### prepare `{base}` of the bundled model into an empty cache (/usr/bin/time)\n")
+        print("| wall time | peak RSS |\n|---|---|")
+        print(f"| {prep['wall_s']:.1f} s | {prep['peak_rss_mb']:.0f} MB |")
+
+
+def build_cases(args, engines, base_prepared, workloads: list[Workload], plan: list[Scenario]):
+    cases: list[Case] = []
+    for recipe, engine in engines.items():
+        for w in workloads:
+            for s in plan:
+                run = engine_runner(engine, w.take(s.n), args.max_tokens, s.stagger_s)
+                cases.append(Case(f"engine {recipe}", w.name, s, run))
+    one = Scenario(1)
     if "llama.cpp" not in args.skip:
         try:
-            gguf = args.gguf or bundled_q8_0_gguf(prepared[base].path.parent.parent / "llama.cpp")
-            systems[f"llama.cpp {gguf.name}"] = llama_cpp_runner(gguf, prompt, args.max_tokens)
+            gguf = args.gguf or bundled_q8_0_gguf(base_prepared.path.parent.parent / "llama.cpp")
+            llm = load_llama_cpp(gguf)
+            for w in workloads:
+                run = llama_cpp_runner(llm, w.single, args.max_tokens)
+                cases.append(Case("llama.cpp Q8_0", w.name, one, run))
         except ImportError:
-            print("llama-cpp-python is not installed: llama.cpp skipped (anchor used)")
-
-    for run in systems.values():  # warm-up
-        run()
-    samples: dict[str, list[Result]] = {name: [] for name in systems}
-    for _ in range(args.rounds):
-        for name, run in systems.items():
-            samples[name].append(run())
-    med = {
-        name: {k: float(np.median([r[k] for r in rs])) for k in rs[0]}
-        for name, rs in samples.items()
-    }
-    _report(med, engines, base)
-    for engine in engines.values():
-        engine.close_sync()
+            print("llama-cpp-python is not installed: llama.cpp skipped")
+    if "optimum" not in args.skip:
+        model = optimum_runner(base_prepared, args.threads)
+        for w in workloads:
+            run = hf_runner(model, w.single, args.max_tokens)
+            cases.append(Case(f"optimum generate {base_prepared.recipe}", w.name, one, run))
+    if "torch" not in args.skip:
+        model = torch_model()
+        for w in workloads:
+            cases.append(
+                Case("pytorch fp32", w.name, one, hf_runner(model, w.single, args.max_tokens))
+            )
+    return cases
 
 
-def _speed(name: str, m: Result) -> float:
-    """Batch-1 decode speed, or the aggregate for concurrent runs."""
-    concurrent = name.endswith(tuple(f"x{n}" for n in CONCURRENCY[1:])) or name.endswith("mixed")
-    return m["aggregate_tps"] if concurrent else m["decode_tps"]
+@dataclass
+class Sampled:
+    case: Case
+    metrics: Metrics  # medians over rounds
+    tokens: list[int]  # the first request's output in the warm-up pass
 
 
-def _report(med: dict[str, Result], engines: dict, base: str) -> None:
-    optimum = next((n for n in med if n.startswith("optimum")), None)
-    llama = next((n for n in med if n.startswith("llama.cpp")), None)
-    llama_tps = med[llama]["decode_tps"] if llama else LLAMA_CPP_Q8_ANCHOR
-    llama_label = "vs llama.cpp" if llama else "vs llama*"
-    header = f"{'system':30} {'TTFT ms':>8} {'tok/s':>8}  {'vs ' + base + ' x1':>10}"
-    header += f"  {'vs ' + base + ' same n':>14}"
-    header += f"  {'vs optimum':>10}" if optimum else ""
-    header += f"  {llama_label:>12}"
+def measure(cases: list[Case], rounds: int) -> list[Sampled]:
+    warm = [case.run() for case in cases]  # warm-up: graph caches, compiled kernels, threads
+    rows: list[list[Metrics]] = [[] for _ in cases]
+    for r in range(rounds):
+        for i, case in enumerate(cases):
+            rows[i].append(metrics(case.run()))
+        print(f"round {r + 1}/{rounds} done", flush=True)
+    return [
+        Sampled(case, {k: float(np.median([m[k] for m in ms])) for k in ms[0]}, traces[0][2])
+        for case, ms, traces in zip(cases, rows, warm, strict=True)
+    ]
+
+
+def _speed(s: Sampled) -> float:
+    return s.metrics["decode_tps"] if s.case.scenario.n == 1 else s.metrics["aggregate_tps"]
+
+
+def _ratio(x: float, y: float | None) -> str:
+    return f"{x / y:.2f}x" if y else "–"
+
+
+def report(samples: list[Sampled], base: str, workloads: list[Workload], max_tokens: int) -> None:
+    by = {(s.case.system, s.case.workload, s.case.scenario.label): s for s in samples}
+    systems = list(dict.fromkeys(s.case.system for s in samples))
+    llama = next((n for n in systems if n.startswith("llama.cpp")), None)
+    vllm = next((n for n in systems if n.startswith("vLLM")), None)
+    header = (
+        "| workload | scenario | system | TTFT p50 | TTFT p95 | TTFT p50 vs own x1 | tok/s "
+        "| vs own x1 | vs llama.cpp | vs vLLM |"
+    )
+    print(f"\n### decode, {max_tokens} greedy tokens per request (medians)\n")
     print(header)
-    for name, m in med.items():
-        speed = _speed(name, m)
-        same = name.replace(name.split()[1], base, 1) if name.startswith("engine") else None
-        line = f"{name:30} {m['ttft_s'] * 1000:8.0f} {speed:8.1f}"
-        line += f"  {speed / med[f'engine {base} x1']['decode_tps']:9.2f}x"
-        line += f"  {speed / _speed(same, med[same]):13.2f}x" if same in med else f"  {'':>14}"
-        line += f"  {speed / med[optimum]['decode_tps']:9.2f}x" if optimum else ""
-        line += f"  {speed / llama_tps:11.2f}x"
-        print(line)
-    print("tok/s: batch-1 decode for x1 and single systems, aggregate for x4/x16/x16 mixed")
-    if not llama:
+    print("|" + "---|" * (header.count("|") - 1))
+    for s in samples:
+        w, label, system = s.case.workload, s.case.scenario.label, s.case.system
+        own = by.get((system, w, "x1"))
+        ll = by.get((llama, w, "x1")) if llama else None
+        vl = by.get((vllm, w, label)) if vllm else None
+        speed = _speed(s)
         print(
-            f"* llama.cpp Q8_0 = {LLAMA_CPP_Q8_ANCHOR:.0f} tok/s is the documented anchor (quiet "
-            "machine), NOT measured in this run; target: >= 1.2x"
+            f"| {w} | {label} | {system} | {s.metrics['ttft_p50'] * 1000:.0f} ms "
+            f"| {s.metrics['ttft_p95'] * 1000:.0f} ms "
+            f"| {_ratio(s.metrics['ttft_p50'], own.metrics['ttft_p50'] if own else None)} "
+            f"| {speed:.1f} | {_ratio(speed, own.metrics['decode_tps'] if own else None)} "
+            f"| {_ratio(speed, ll.metrics['decode_tps'] if ll else None)} "
+            f"| {_ratio(speed, _speed(vl) if vl else None)} |"
         )
-    for recipe in engines:
-        one = med[f"engine {recipe} x1"]
-        for label in [f"x{n}" for n in CONCURRENCY[1:]] + ["x16 mixed"]:
-            run = med[f"engine {recipe} {label}"]
+    print(
+        "\ntok/s: decode after the first token for x1, aggregate (all tokens / wall time from "
+        "the first arrival) for concurrent runs; vs llama.cpp divides by its batch-1 decode "
+        "(it serves one sequence at a time); vs vLLM by vLLM in the same scenario."
+    )
+    engine = f"engine {base}"
+    if (engine, workloads[0].name, "x1") in by and len(systems) > 1:
+        print(f"\n### same output as {engine} (batch 1, greedy)\n")
+        print("| workload | system | identical tokens | first difference at |\n|---|---|---|---|")
+    for w in workloads:
+        ref = by.get((engine, w.name, "x1"))
+        for system in systems:
+            other = by.get((system, w.name, "x1"))
+            if ref is None or other is None or system == engine:
+                continue
+            a, b = ref.tokens, other.tokens
+            first = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+            same = sum(x == y for x, y in zip(a, b, strict=False))
+            if first is None and len(a) != len(b):
+                first = min(len(a), len(b))
+            where = "–" if first is None else f"token {first}"
+            print(f"| {w.name} | {system} | {same}/{max(len(a), len(b))} | {where} |")
+    for s in samples:
+        if s.case.system.startswith("engine") and s.case.scenario.n > 1:
             print(
-                f"{recipe}: {label} aggregate = {run['aggregate_tps'] / one['decode_tps']:.2f}x "
-                f"its batch-1 decode ({run['steady_tps'] / one['decode_tps']:.2f}x once all "
-                f"are decoding, {run['steady_tps']:.0f} tok/s)"
+                f"{s.case.system} {s.case.workload} {s.case.scenario.label}: once all are "
+                f"decoding {s.metrics['steady_tps']:.0f} tok/s"
             )
 
 

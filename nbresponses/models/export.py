@@ -142,10 +142,10 @@ def export_onnx(hf_folder: Path, output: Path, tokenizer: Any) -> None:
     except Exception as exc:
         raise ModelSourceError(f"Optimum could not export {hf_folder} to ONNX: {exc}") from exc
     tokenizer.save_pretrained(str(output))
-    _fix_generation_config(output, tokenizer)
+    fix_generation_config(output, tokenizer)
 
 
-def _fix_generation_config(output: Path, tokenizer: Any) -> None:
+def fix_generation_config(output: Path, tokenizer: Any) -> None:
     """Make the exported configs agree with the (repaired) tokenizer's eos/pad ids."""
     for name in ("config.json", "generation_config.json"):
         path = output / name

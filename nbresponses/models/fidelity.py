@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from nbresponses.models.fidelity_set import FIDELITY_SET, Sample
+from nbresponses.models.fused import LOGITS_TO_KEEP
 
 SET_NAME = "nbresponses-fidelity-2"  # bump when the samples or the measure change
 GREEDY_TOKENS = 48  # greedy continuation per prompt (stops earlier at eos)
@@ -105,15 +108,27 @@ class _Scores:
         )
 
 
+_SCORE_ROWS = 64  # positions scored at a time: float64 [rows, vocab] temporaries stay small
+
+
 def _score(reference: np.ndarray, candidate: np.ndarray, targets: np.ndarray) -> _Scores:
-    ref_lp = log_softmax(reference.astype(np.float64))
-    cand_lp = log_softmax(candidate.astype(np.float64))
-    rows = np.arange(len(targets))
-    return _Scores(
-        agree=ref_lp.argmax(-1) == cand_lp.argmax(-1),
-        kl=np.sum(np.exp(ref_lp) * (ref_lp - cand_lp), axis=-1),
-        dlogprob=np.abs(ref_lp[rows, targets] - cand_lp[rows, targets]),
-    )
+    """Per position; in blocks of rows (every quantity is computed row by row, so blocks give
+    the same numbers as one pass, without ~0.5 GB of float64 temporaries for a long text)."""
+    parts = []
+    for start in range(0, max(len(targets), 1), _SCORE_ROWS):
+        rows = slice(start, start + _SCORE_ROWS)
+        ref_lp = log_softmax(reference[rows].astype(np.float64))
+        cand_lp = log_softmax(candidate[rows].astype(np.float64))
+        index = np.arange(len(ref_lp))
+        picked = targets[rows]
+        parts.append(
+            _Scores(
+                agree=ref_lp.argmax(-1) == cand_lp.argmax(-1),
+                kl=np.sum(np.exp(ref_lp) * (ref_lp - cand_lp), axis=-1),
+                dlogprob=np.abs(ref_lp[index, picked] - cand_lp[index, picked]),
+            )
+        )
+    return _Scores.concat(parts)
 
 
 def compare_logits(
@@ -163,7 +178,7 @@ def _feeds(session: Any, ids: list[int], room: int = 0) -> dict[str, np.ndarray]
     """A first run's feeds. Graphs that write the KV in place at ``position_ids`` (the fused
     graph, ``fused.SCATTER_IN_PLACE``) get past buffers with room for the prompt and ``room``
     tokens more; the others an empty past that their present grows from."""
-    from nbresponses.models.fused import KV_LAYOUT, LOGITS_TO_KEEP, SCATTER_IN_PLACE
+    from nbresponses.models.fused import KV_LAYOUT, SCATTER_IN_PLACE
 
     layout = session.get_modelmeta().custom_metadata_map.get(KV_LAYOUT)
     width = len(ids) + room if layout == SCATTER_IN_PLACE else 0
@@ -187,33 +202,58 @@ def _feeds(session: Any, ids: list[int], room: int = 0) -> dict[str, np.ndarray]
 def full_sequence_logits(session: Any, ids: list[int]) -> np.ndarray:
     """Logits for every position of ``ids`` in one forward pass with an empty KV cache."""
     (logits,) = session.run(["logits"], _feeds(session, ids))
-    return logits[0].astype(np.float32)
+    return logits[0].astype(np.float32, copy=False)
+
+
+def logits_at(session: Any, ids: list[int], positions: np.ndarray) -> np.ndarray:
+    """float32 logits [len(positions), vocab] at ascending ``positions`` of one forward pass
+    over ``ids``. Graphs with a ``num_logits_to_keep`` input (the fused ones) compute the LM
+    head from the first of them on only: the same numbers (its rows do not depend on how many
+    there are, docs/concepts/determinism.md), less time and memory for prompts."""
+    feeds = _feeds(session, ids)
+    first = int(positions[0]) if len(positions) else 0
+    settable = {i.name for i in (*session.get_inputs(), *session.get_overridable_initializers())}
+    if first and LOGITS_TO_KEEP in settable:
+        feeds[LOGITS_TO_KEEP] = np.array([len(ids) - first], np.int64)
+    else:
+        first = 0
+    (logits,) = session.run(["logits"], feeds)
+    return logits[0][np.asarray(positions) - first].astype(np.float32, copy=False)
 
 
 def greedy_continuation(
     session: Any, ids: list[int], max_new: int, stop_ids: set[int]
 ) -> list[int]:
-    """The session's greedy tokens after ``ids`` (batch 1, KV cache fed back), eos included."""
+    """The session's greedy tokens after ``ids`` (batch 1, KV cache fed back), eos included.
+
+    The KV cache stays in ONNX Runtime's buffers from step to step (OrtValues): the same
+    inputs as numpy copies would give, without copying a growing cache in and out each step.
+    """
+    from onnxruntime import OrtValue
+
     pasts = [i.name for i in session.get_inputs() if i.name.startswith("past_key_values")]
     presents = [name.replace("past_key_values.", "present.") for name in pasts]
     names = {i.name for i in session.get_inputs()}
-    feeds = _feeds(session, ids, room=max_new)
-    keep = {k: v for k, v in feeds.items() if k == "num_logits_to_keep"}
+    feeds = {
+        k: OrtValue.ortvalue_from_numpy(v) for k, v in _feeds(session, ids, room=max_new).items()
+    }
+    keep = {k: v for k, v in feeds.items() if k == LOGITS_TO_KEEP}
     out: list[int] = []
     length = len(ids)
     for _ in range(max_new):
-        logits, *kv = session.run(["logits", *presents], feeds)
-        token = int(np.argmax(logits[0, -1]))
+        logits, *kv = session.run_with_ort_values(["logits", *presents], feeds)
+        token = int(np.argmax(logits.numpy()[0, -1]))
         out.append(token)
         if token in stop_ids:
             break
         length += 1
         feeds = {**dict(zip(pasts, kv, strict=True)), **keep}
-        feeds["input_ids"] = np.array([[token]], np.int64)
+        steps = {"input_ids": np.array([[token]], np.int64)}
         if "attention_mask" in names:
-            feeds["attention_mask"] = np.ones((1, length), np.int64)
+            steps["attention_mask"] = np.ones((1, length), np.int64)
         if "position_ids" in names:
-            feeds["position_ids"] = np.array([[length - 1]], np.int64)
+            steps["position_ids"] = np.array([[length - 1]], np.int64)
+        feeds.update({k: OrtValue.ortvalue_from_numpy(v) for k, v in steps.items()})
     return out
 
 
@@ -222,42 +262,80 @@ def _stop_ids(tokenizer: Any) -> set[int]:
     return {int(eos)} if eos is not None else set()
 
 
+# An ONNX file, or (ids, positions) -> the logits at those positions [len(positions), vocab].
+Reference = Path | Callable[[list[int], np.ndarray], np.ndarray]
+
+
 def measure_fidelity(
-    reference_model: Path,
+    reference_model: Reference,
     candidate_model: Path,
     tokenizer: Any,
     *,
     samples: tuple[Sample, ...] = FIDELITY_SET,
     greedy_tokens: int = GREEDY_TOKENS,
+    reference: str = "fp32",
 ) -> FidelityReport:
-    """Teacher-forced comparison of two ONNX files on reference and greedy continuations."""
+    """Teacher-forced comparison of a candidate ONNX file with a reference (an ONNX file, or a
+    function giving the logits at given positions of a token list: PyTorch itself) on
+    reference and greedy continuations; ``reference`` names it in the report."""
     import onnxruntime as ort
 
     texts = [reference_spans(tokenizer, s) for s in samples]
-    if os.path.samefile(reference_model, candidate_model):  # the fp32 recipe is the export
+    if isinstance(reference_model, Path) and os.path.samefile(reference_model, candidate_model):
+        # the fp32 recipe is the export
         agree = np.ones(sum(e - s for _, spans in texts for s, e in spans), bool)
         zeros = np.zeros(len(agree))
         exact = _Scores(agree, zeros, zeros)
-        return exact.report(by_text={"reference": exact.report().as_dict()})
+        exact_text = {"reference": exact.report(reference=reference).as_dict()}
+        return exact.report(by_text=exact_text, reference=reference)
+    # The two models take turns, one loaded at a time (prepare's peak memory: the fp32
+    # reference alone is ~0.8 GB resident for the bundled model): the candidate first (its
+    # greedy continuations, then its logits at every scored position, kept in a scratch file
+    # beside it), then the reference. Each logit is what a side-by-side run gives.
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    ref = ort.InferenceSession(str(reference_model), options, providers=["CPUExecutionProvider"])
-    cand = ort.InferenceSession(str(candidate_model), options, providers=["CPUExecutionProvider"])
+    # No arena: each run's activations go back to the system; how buffers are allocated
+    # changes no number.
+    options.enable_cpu_mem_arena = False
 
-    def scores(ids: list[int], spans: list[tuple[int, int]]) -> _Scores:
-        # position p predicts token p + 1: the logits before each span's tokens
-        positions = np.concatenate([np.arange(s - 1, e - 1) for s, e in spans])
-        targets = np.asarray(ids, np.int64)[positions + 1]
-        a, b = (full_sequence_logits(m, ids)[positions] for m in (ref, cand))
-        return _score(a, b, targets)
+    def session(path: Path) -> Any:
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
-    by_text = {"reference": _Scores.concat([scores(ids, spans) for ids, spans in texts])}
-    greedy = []
+    cand = session(candidate_model)
+    scored: dict[str, list[tuple[list[int], np.ndarray]]] = {"reference": [], "greedy": []}
+    for ids, spans in texts:  # position p predicts token p + 1: the logits before each span
+        scored["reference"].append(
+            (ids, np.concatenate([np.arange(s - 1, e - 1) for s, e in spans]))
+        )
     for sample in samples:
         prompt = _render(tokenizer, [dict(m) for m in sample.messages[:-1]], prompt=True)
         new = greedy_continuation(cand, prompt, greedy_tokens, _stop_ids(tokenizer))
-        greedy.append(scores(prompt + new, [(len(prompt), len(prompt) + len(new))]))
-    by_text["greedy"] = _Scores.concat(greedy)
+        scored["greedy"].append(
+            (prompt + new, np.arange(len(prompt) - 1, len(prompt) + len(new) - 1))
+        )
+    with tempfile.TemporaryFile(dir=Path(candidate_model).parent) as cache:
+        for kind in scored.values():
+            for ids, positions in kind:
+                cache.write(logits_at(cand, ids, positions).tobytes())
+        del cand
+        reference_logits: Callable[[list[int], np.ndarray], np.ndarray]
+        if isinstance(reference_model, Path):
+            ref = session(reference_model)
+
+            def reference_logits(ids: list[int], positions: np.ndarray) -> np.ndarray:
+                return logits_at(ref, ids, positions)
+        else:
+            reference_logits = reference_model
+        cache.seek(0)
+        by_text: dict[str, _Scores] = {}
+        for name, kind in scored.items():
+            parts = []
+            for ids, positions in kind:
+                a = np.asarray(reference_logits(ids, positions), np.float32)
+                b = np.fromfile(cache, np.float32, a.size).reshape(a.shape)
+                parts.append(_score(a, b, np.asarray(ids, np.int64)[positions + 1]))
+            by_text[name] = _Scores.concat(parts)
     return _Scores.concat(list(by_text.values())).report(
-        by_text={name: s.report().as_dict() for name, s in by_text.items()}
+        by_text={n: s.report(reference=reference).as_dict() for n, s in by_text.items()},
+        reference=reference,
     )

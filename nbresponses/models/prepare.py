@@ -31,15 +31,27 @@ from nbresponses.models.export import (
 )
 from nbresponses.models.fidelity import measure_fidelity
 from nbresponses.models.fused import UnsupportedArchitecture
+from nbresponses.models.gguf_once import parsed_once
 from nbresponses.models.prepared import PreparedModel
 from nbresponses.models.progress import Stages, quiet_library_bars
-from nbresponses.models.recipes import ALIASES, AUTO, FIDELITY_BAR, MODEL_FILE, get_recipe
+from nbresponses.models.recipes import (
+    ALIASES,
+    AUTO,
+    FIDELITY_BAR,
+    MODEL_FILE,
+    Recipe,
+    get_recipe,
+)
+from nbresponses.models.source_model import FUSED_REFERENCE, REFERENCE, SourceModel
 from nbresponses.models.sources import ModelSource, resolve_source
 
 # Bump when the export (EXPORT_VERSION) or a recipe or the fidelity measure (PREPARE_VERSION)
 # changes in a way that invalidates cached files. 2: the broad fidelity set, end-padded graphs.
+# 3: fused recipes built from the source's weights without the export, quantized as built,
+# measured against PyTorch fp32.
 EXPORT_VERSION = 1
-PREPARE_VERSION = 5
+# 4: the fused graph's attention from standard operators (one computation for every step shape).
+PREPARE_VERSION = 4
 _VERSIONED = (
     "nbresponses",
     "onnxruntime",
@@ -100,24 +112,26 @@ def prepare_model(
     export_dir = root / "exports" / f"{source.name}-{_key(source.content_hash, EXPORT_VERSION)}"
     candidates = ALIASES.get(recipe_name, (recipe_name,))
     # Already prepared: no progress bar at all (a bar that flashes 0/3 in every notebook misleads).
-    # Otherwise one bar, one step per stage (load, export, quantize, evaluate); the libraries'
+    # Otherwise one bar, one step per stage (load, [export,] quantize, evaluate); the libraries'
     # own bars (transformers' GGUF de-quantization, ...) stay off: nested bars tangle.
-    exported = is_complete(export_dir)
-    cached = exported and is_complete(_recipe_dir(source, candidates[0], root))
+    cached = is_complete(_recipe_dir(source, candidates[0], root))
     if not cached:
         _require_export(source)  # before any bar: running a prepared model needs no torch
+    weights = SourceModel(source)  # loaded on first use, once, by the recipes built from it
     stages = Stages(
-        f"prepare {source.name}", (0 if exported else 2) + 2, enabled=progress and not cached
+        f"prepare {source.name}",
+        _stages(get_recipe(candidates[0]), export_dir, weights),
+        enabled=progress and not cached,
     )
     finished = False
     with contextlib.nullcontext() if cached else quiet_library_bars():
         try:
-            build_once(export_dir, lambda tmp: _build_export(source, tmp, stages))
             for index, name in enumerate(candidates):
-                if index:
-                    stages.extend(2)  # quantize + evaluate the next, more faithful recipe
+                recipe = get_recipe(name)
+                if index:  # the next, more faithful recipe
+                    stages.extend(_stages(recipe, export_dir, weights))
                 try:
-                    prepared = _prepare_recipe(source, export_dir, name, root, stages)
+                    prepared = _prepare_recipe(source, export_dir, name, root, stages, weights)
                 except UnsupportedArchitecture:
                     if recipe_name not in ALIASES:
                         raise
@@ -130,7 +144,16 @@ def prepare_model(
             finished = True
             return prepared  # an explicit recipe, the first that builds, a faithful one, or fp32
         finally:
+            weights.release()
             stages.close(finished=finished)
+
+
+def _stages(recipe: Recipe, export_dir: Path, weights: SourceModel) -> int:
+    """Bar steps a recipe adds: its quantize and evaluate, plus loading the source (recipes
+    built from the weights) or the load and export stages of an export not made yet."""
+    if recipe.needs_export:
+        return 2 + (0 if is_complete(export_dir) else 2)
+    return 2 + (0 if weights.loaded else 1)
 
 
 def _require_export(source: ModelSource) -> None:
@@ -141,7 +164,7 @@ def _require_export(source: ModelSource) -> None:
 
 def _build_export(source: ModelSource, tmp: Path, stages: Stages) -> None:
     _require_export(source)
-    with stages.stage("load"):
+    with stages.stage("load"), parsed_once():  # a GGUF file's metadata read once, not 4 times
         tokenizer = load_tokenizer(source)
         hf_folder = materialize_hf_folder(source, tmp / "_hf")
     with stages.stage("export"):
@@ -168,27 +191,47 @@ def _recipe_dir(source: ModelSource, recipe_name: str, root: Path) -> Path:
 
 
 def _prepare_recipe(
-    source: ModelSource, export_dir: Path, recipe_name: str, root: Path, stages: Stages
+    source: ModelSource,
+    export_dir: Path,
+    recipe_name: str,
+    root: Path,
+    stages: Stages,
+    weights: SourceModel,
 ) -> PreparedModel:
+    """Build one recipe's folder (cached). Recipes built from the source's weights need no
+    Optimum export and are measured against PyTorch fp32; the others against the export."""
     recipe = get_recipe(recipe_name)
-    export_manifest = json.loads((export_dir / "manifest.json").read_text())
     final = _recipe_dir(source, recipe_name, root)
     key = final.name.rsplit("-", 1)[-1]
 
     def build(tmp: Path) -> None:
         _require_export(source)
-        timings = dict(export_manifest.get("timings", {}))
+        if recipe.needs_export:
+            build_once(export_dir, lambda folder: _build_export(source, folder, stages))
+            timings = dict(json.loads((export_dir / "manifest.json").read_text())["timings"])
+        else:
+            timings = {}
+            if not weights.loaded:
+                with stages.stage("load"):
+                    weights.load(check=recipe.check)  # may refuse it from the config alone
+            timings["load"] = stages.timings.get("load", 0.0)
         with stages.stage(f"quantize {recipe_name}"):
             start = time.perf_counter()
             with quiet_export():
-                recipe.apply(export_dir / MODEL_FILE, tmp / MODEL_FILE, source)
+                recipe.apply(export_dir / MODEL_FILE, tmp / MODEL_FILE, weights)
             timings["quantize"] = round(time.perf_counter() - start, 3)
-            for item in export_dir.iterdir():
-                if item.is_file() and item.suffix != ".onnx" and item.name != "manifest.json":
-                    shutil.copy2(item, tmp / item.name)
+            if recipe.needs_export:
+                for item in export_dir.iterdir():
+                    if item.is_file() and item.suffix != ".onnx" and item.name != "manifest.json":
+                        shutil.copy2(item, tmp / item.name)
+            else:
+                weights.write_files(tmp)
         with stages.stage(f"evaluate {recipe_name}"):
             start = time.perf_counter()
-            fidelity = _fidelity(export_dir, tmp, recipe_name)
+            if recipe.needs_export:
+                fidelity = _fidelity(export_dir, tmp)
+            else:
+                fidelity = _fidelity_from_source(recipe, weights, tmp)
             timings["evaluate"] = round(time.perf_counter() - start, 3)
         write_manifest(
             tmp,
@@ -201,7 +244,7 @@ def _prepare_recipe(
                 "versions": library_versions(),
                 "cpu": cpu_features(),
                 "files": {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()},
-                "size_bytes": (tmp / MODEL_FILE).stat().st_size,
+                "size_bytes": _model_bytes(tmp),
                 "folder_bytes": folder_size(tmp),
                 "fidelity": fidelity,
                 "timings": timings,
@@ -209,10 +252,40 @@ def _prepare_recipe(
             },
         )
 
+    if recipe.needs_export and not is_complete(final):
+        weights.release()  # the export loads the model its own way: not twice in memory
     return PreparedModel.open(build_once(final, build))
 
 
-def _fidelity(export_dir: Path, candidate_dir: Path, recipe_name: str) -> dict[str, Any]:
+def _model_bytes(folder: Path) -> int:
+    """The model file and its external weights, if any (``model.onnx.data``)."""
+    return sum(p.stat().st_size for p in folder.glob(MODEL_FILE + "*") if p.is_file())
+
+
+def _fidelity_from_source(
+    recipe: Recipe, weights: SourceModel, candidate_dir: Path
+) -> dict[str, Any]:
+    """A graph built from the source's weights, measured without the Optimum export: a
+    quantized one against the fused fp32 graph of the same weights (ONNX Runtime: fast and
+    steady on a busy CPU, where PyTorch's threads stall), the fp32 one against PyTorch."""
+    candidate, tokenizer = candidate_dir / MODEL_FILE, weights.tokenizer
+    if recipe.params.get("bits", 32) == 32:
+        report = measure_fidelity(weights.logits, candidate, tokenizer, reference=REFERENCE)
+        return report.as_dict()
+    reference = candidate_dir / "_reference"
+    reference.mkdir()
+    try:
+        get_recipe("fused-fp32").apply(None, reference / MODEL_FILE, weights)
+        weights.release()  # the weights are in the two graphs now: not a third time in memory
+        report = measure_fidelity(
+            reference / MODEL_FILE, candidate, tokenizer, reference=FUSED_REFERENCE
+        )
+    finally:
+        shutil.rmtree(reference, ignore_errors=True)
+    return report.as_dict()
+
+
+def _fidelity(export_dir: Path, candidate_dir: Path) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(export_dir))
@@ -234,7 +307,9 @@ def tokenizer_folder(
     final = cache_root(cache_dir) / "tokenizers" / f"{source.name}-{_key(source.content_hash)}"
 
     def build(tmp: Path) -> None:
-        load_tokenizer(source).save_pretrained(str(tmp))
+        with parsed_once():
+            tokenizer = load_tokenizer(source)
+        tokenizer.save_pretrained(str(tmp))
         write_manifest(tmp, {"kind": "tokenizer", "source": source.describe(), "created": _now()})
 
     return build_once(final, build)

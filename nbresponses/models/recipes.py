@@ -25,19 +25,33 @@ MODEL_FILE = "model.onnx"
 @dataclass(frozen=True)
 class Recipe:
     """A named way to make the model file. Most transform the Optimum fp32 export (``build``);
-    graph builders of our own read the source's weights instead (``from_source``)."""
+    graph builders of our own read the source's weights instead (``from_source``) and need no
+    export at all."""
 
     name: str
     description: str
     build: Callable[[Path, Path], None] | None = None  # (fp32 model file, output model file)
     params: dict[str, Any] = field(default_factory=dict)
-    from_source: Callable[[Any, Path, Path], None] | None = None  # (ModelSource, export, output)
+    # (source_model.SourceModel, output model file)
+    from_source: Callable[[Any, Path], None] | None = None
+    # raises UnsupportedArchitecture for a SourceModel it cannot build, from its config alone
+    check_source: Callable[[Any], None] | None = None
 
-    def apply(self, export_model: Path, target: Path, source: Any) -> None:
-        """Write ``target`` from the fp32 export or, for graph builders, from ``source``."""
+    @property
+    def needs_export(self) -> bool:
+        return self.from_source is None
+
+    def check(self, source: Any) -> None:
+        """Refuse a source (a ``SourceModel``) this recipe cannot build, before its weights load."""
+        if self.check_source is not None:
+            self.check_source(source)
+
+    def apply(self, export_model: Path | None, target: Path, source: Any) -> None:
+        """Write ``target`` from the fp32 export or, for graph builders, from ``source`` (a
+        ``SourceModel``)."""
         if self.from_source is not None:
-            self.from_source(source, export_model, target)
-        elif self.build is not None:
+            self.from_source(source, target)
+        elif self.build is not None and export_model is not None:
             self.build(export_model, target)
         else:
             raise RecipeError(f"recipe {self.name!r} defines no build")
@@ -156,27 +170,29 @@ def optimum_dynamic_int8(source: Path, target: Path) -> None:
     shutil.rmtree(work, ignore_errors=True)
 
 
-def fused_graph(bits: int | None) -> Callable[[Any, Path, Path], None]:
-    """Our own fused graph (``fused.py``) from the source's weights; MatMulNBits when ``bits``.
+def fused_graph(bits: int | None) -> Callable[[Any, Path], None]:
+    """Our own fused graph (``fused.py``) from the source's weights; MatMulNBits when ``bits``,
+    each weight quantized as the graph is built (bit-identical to quantizing the fp32 graph
+    with ``quantize_nbits`` afterwards, at a fraction of the memory).
 
     Refuses architectures the builder does not cover (``UnsupportedArchitecture``) from the
-    export's config.json before loading any weights; "auto" then moves on to Optimum recipes.
+    source's config before loading any weights; "auto" then moves on to Optimum recipes.
     """
 
-    def build(source: Any, export_model: Path, target: Path) -> None:
-        from transformers import AutoConfig
-
+    def build(source: Any, target: Path) -> None:
         from nbresponses.models import fused
 
-        fused.check_supported(AutoConfig.from_pretrained(str(export_model.parent)))
-        graph = fused.build_fused_model(fused.load_source_model(source))
-        if bits is None:
-            fused.save_model(graph, target)
-        else:
-            model = quantize_nbits(graph, bits, quantize_head=True)
-            model.save_model_to_file(str(target), use_external_data_format=False)
+        fused_supported(source)
+        weights = target.with_name(target.name + ".data")  # written as the graph is built
+        fused.save_model(fused.build_fused_model(source.model, bits=bits, weights=weights), target)
 
     return build
+
+
+def fused_supported(source: Any) -> None:
+    from nbresponses.models import fused
+
+    fused.check_supported(source.config)
 
 
 def copy_fp32(source: Path, target: Path) -> None:
@@ -238,6 +254,7 @@ RECIPES: dict[str, Recipe] = {
                 "bits": 32,
             },
             from_source=fused_graph(None),
+            check_source=fused_supported,
         ),
         Recipe(
             "fused-q8",
@@ -254,6 +271,7 @@ RECIPES: dict[str, Recipe] = {
                 "lm_head": "q8",
             },
             from_source=fused_graph(8),
+            check_source=fused_supported,
         ),
         Recipe(
             "fused-q4",
@@ -270,6 +288,7 @@ RECIPES: dict[str, Recipe] = {
                 "lm_head": "q4",
             },
             from_source=fused_graph(4),
+            check_source=fused_supported,
         ),
     )
 }

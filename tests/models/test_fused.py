@@ -229,6 +229,44 @@ async def test_in_place_kv_joins_leaves_and_grows(tiny_fused, tiny_model, tokeni
     assert await staggered(tiny_fused) == await staggered(tiny_model)
 
 
+@pytest.mark.parametrize("bits", [8, 4])
+def test_weights_quantized_as_built_equal_quantizing_the_fp32_graph(
+    bits: int, tiny_source: Path, tmp_path: Path
+) -> None:
+    """The fused recipes quantize each matrix as the graph is built (and write it to the side
+    file at once): the same initializers, nodes and logits, bit for bit, as quantizing the
+    whole fp32 graph with onnxruntime's MatMulNBitsQuantizer afterwards (the former recipe)."""
+    from onnx import numpy_helper
+
+    from nbresponses.models.fused import build_fused_model, load_source_model, save_model
+    from nbresponses.models.recipes import quantize_nbits
+    from nbresponses.models.sources import resolve_source
+
+    model = load_source_model(resolve_source(tiny_source))
+    former = quantize_nbits(build_fused_model(model), bits, quantize_head=True).model
+    target = tmp_path / "model.onnx"
+    save_model(build_fused_model(model, bits=bits, weights=tmp_path / "model.onnx.data"), target)
+    assert target.stat().st_size < 100_000, "the weights are in the side file"
+    built = onnx.load(str(target))
+
+    def tensors(m) -> dict:
+        return {
+            t.name: (t.data_type, list(t.dims), numpy_helper.to_array(t).tobytes())
+            for t in m.graph.initializer
+        }
+
+    assert tensors(built) == tensors(former)
+    assert [onnx.helper.printable_node(n) for n in built.graph.node] == [
+        onnx.helper.printable_node(n) for n in former.graph.node
+    ]
+    former_path = tmp_path / "former.onnx"
+    onnx.save_model(former, str(former_path))
+    ids = list(range(3, 60))
+    a = full_sequence_logits(_session(former_path), ids)
+    b = full_sequence_logits(_session(target), ids)
+    assert np.array_equal(a, b)
+
+
 def test_unsupported_architectures_are_refused_with_the_reason() -> None:
     from transformers import GPT2Config, LlamaConfig
 

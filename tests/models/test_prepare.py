@@ -131,6 +131,52 @@ def test_every_recipe_prepares_runs_and_is_measured(recipe: str, tiny_source: Pa
     assert prepared.load_tokenizer().eos_token == "<|im_end|>"
 
 
+def test_fused_recipes_are_built_from_the_source_without_an_export(
+    tiny_source: Path, tmp_path: Path
+) -> None:
+    prepared = prepare_model(tiny_source, "fused-q8", cache_dir=tmp_path, progress=False)
+    assert not _entries(tmp_path, "exports"), "no Optimum export for a fused recipe"
+    names = {p.name for p in prepared.path.iterdir()}
+    assert {"model.onnx", "model.onnx.data", "config.json", "generation_config.json"} <= names
+    assert {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"} <= names
+    assert "_reference" not in names and not list((tmp_path / "tmp").iterdir())
+    assert prepared.size_bytes == sum(
+        (prepared.path / n).stat().st_size for n in ("model.onnx", "model.onnx.data")
+    )
+    assert prepared.fidelity["reference"] == "fused fp32 (ONNX Runtime)"
+    assert set(prepared.manifest["timings"]) == {"load", "quantize", "evaluate"}
+    fp32 = prepare_model(tiny_source, "fused-fp32", cache_dir=tmp_path, progress=False)
+    assert fp32.fidelity["reference"] == "PyTorch fp32"
+    assert fp32.fidelity["top1_agreement"] == 1.0 and fp32.fidelity["max_abs_dlogprob"] < 1e-3
+    # what the engine reads beside the model is what the export path writes
+    export = prepare_model(tiny_source, "q8", cache_dir=tmp_path, progress=False)
+    for name in ("config.json", "generation_config.json", "tokenizer.json", "chat_template.jinja"):
+        assert (prepared.path / name).read_text() == (export.path / name).read_text(), name
+
+
+def test_a_prepared_model_loads_without_reading_its_source(
+    tiny_source: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Loading a prepared model reads its folder only: no tokenizer or weights from the
+    source, no transformers tokenizer (reading one out of a GGUF file takes ~9 s)."""
+    from nbresponses.models import export, fused, source_model
+    from nbresponses.runtime.generator import TokenGenerator
+
+    prepared = prepare_model(tiny_source, "fused-q8", cache_dir=cache_dir, progress=False)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the source was read")
+
+    monkeypatch.setattr(export, "load_tokenizer", refuse)
+    monkeypatch.setattr(source_model, "load_tokenizer", refuse)
+    monkeypatch.setattr(fused, "load_source_model", refuse)
+    monkeypatch.setattr("transformers.AutoTokenizer.from_pretrained", refuse)
+    again = prepare_model(tiny_source, "fused-q8", cache_dir=cache_dir, progress=False)
+    assert again.path == prepared.path
+    generator = TokenGenerator(again)
+    assert generator.tokenizer.encode("Hello") and generator.eos_token_ids
+
+
 def _logits_producer(path: Path) -> tuple[str, list[str]]:
     model = onnx.load(str(path), load_external_data=False)
     node = next(n for n in model.graph.node if "logits" in n.output)
@@ -281,6 +327,34 @@ def test_bundled_model_default_recipe_meets_the_bar(bundled_model, cache_dir) ->
     assert bundled_model.path in {m.path for m in list_models(cache_dir)}
     tokenizer = bundled_model.load_tokenizer()
     assert tokenizer.eos_token == "<|im_end|>"
+
+
+@pytest.mark.integration
+def test_the_bundled_model_loads_without_reading_the_gguf(
+    bundled_model, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The prepared bundled model's tokenizer and chat template come from its folder: the
+    GGUF file's tokenizer path (and any GGUF reading) fails here, and loading still works."""
+    import gguf
+
+    from nbresponses.models import export
+    from nbresponses.runtime.generator import TokenGenerator
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the GGUF file was read")
+
+    monkeypatch.setattr(export, "load_tokenizer", refuse)
+    monkeypatch.setattr(gguf, "GGUFReader", refuse)
+    monkeypatch.setattr("transformers.AutoTokenizer.from_pretrained", refuse)
+    prepared = prepare_model(None, cache_dir=cache_dir, progress=False)
+    assert prepared.path == bundled_model.path
+    generator = TokenGenerator(prepared)
+    tokenizer = generator.tokenizer
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], add_generation_prompt=True
+    )
+    assert tokenizer.decode(prompt).startswith("<|im_start|>system")
+    assert generator.eos_token_ids[0] == tokenizer.convert_tokens_to_ids("<|im_end|>")
 
 
 def test_a_failing_build_leaves_no_entry(tiny_source: Path, tmp_path: Path, monkeypatch) -> None:
