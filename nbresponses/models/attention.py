@@ -6,7 +6,7 @@ rows with more than one new token each and a past. So a verified speculation ste
 that carries a prompt chunk, and a batch of prompts with cached prefixes could not give the
 numbers a plain decode step gives. Written with MatMul and Softmax, attention gives a token the
 same bits whatever the step shape, batch and buffer width (``benchmarks/attention.py`` measures
-it), because:
+it on one operator, ``tests/models/test_fused.py`` on whole graphs), because:
 
 - each score is one dot product over the head (MLAS sums it in the same order for any number of
   rows of the matrix multiply, as long as there are at least two: a single row takes another
