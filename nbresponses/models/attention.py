@@ -54,11 +54,6 @@ class Shape:
     head_dim: int
 
     @property
-    def group(self) -> int:
-        """Query rows per KV head in the score product: at least 2 (see the module docstring)."""
-        return max(2, self.heads // self.kv_heads)
-
-    @property
     def duplicated(self) -> bool:
         return self.heads == self.kv_heads
 

@@ -150,7 +150,7 @@ class EndPaddedKV:
     def _make(self, rows: list[tuple[list[np.ndarray], int]], spare: int = 0) -> None:
         """New buffers holding ``rows`` (per-input [kv, >=length, hd] arrays and a length)."""
         headroom = SCATTER_HEADROOM if self.reads_every_column else HEADROOM
-        columns = max(length for _, length in rows) + max(headroom, spare)
+        columns = max(length for _, length in rows) + headroom + spare
         arrays = []
         for i in range(len(self.layout.past_names)):
             like = rows[0][0][i]
@@ -202,8 +202,7 @@ class EndPaddedKV:
         and the next step overwrites them."""
         count = max(len(t) for t in tokens)
         if self.width + count > self.capacity:  # room for this step and the headroom after it
-            headroom = SCATTER_HEADROOM if self.reads_every_column else HEADROOM
-            self._make(self._rows(), spare=count + headroom)
+            self._make(self._rows(), spare=count)
         ids = np.array([t + t[-1:] * (count - len(t)) for t in tokens], np.int64)
         positions = np.array([[n + j for j in range(count)] for n in self.lengths], np.int64)
         logits = runner.run_steps(ids, positions, self._bound)

@@ -8,8 +8,9 @@ step and keeps the ones the model chooses itself (``scheduler.Scheduler._specula
 draft only ever changes the speed, never a token or a logprob.
 
 Why our own code: the lookup is a dictionary of n-grams kept up to date token by token (a few
-microseconds a step); the libraries that do prompt lookup (transformers' ``PromptLookupCandidate
-Generator``, vLLM's n-gram proposer) are bound to their own engines and tensors.
+microseconds a step); the libraries that do prompt lookup (transformers'
+``PromptLookupCandidateGenerator``, vLLM's n-gram proposer) are bound to their own engines and
+tensors.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import json
 import openai
 import pytest
 from helpers.chat_templates import EFFORT, QWEN3, R1_BARE, R1_OPEN, SMOLLM3, Templated
-from helpers.responses import EOS, check_stream, dumps, fold, prompt_text, stream_events
+from helpers.responses import EOS, WEATHER, check_stream, dumps, fold, prompt_text, stream_events
 from openai.types.responses import Response
 
 from nbresponses.families.chat.family import ChatFamily
@@ -25,17 +25,6 @@ from nbresponses.tokens.scripted import Script, ScriptedTokenSource
 
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 HI = [{"role": "user", "content": "hi"}]
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "Current weather for a city.",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-        "additionalProperties": False,
-    },
-}
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>'
 
 

@@ -14,6 +14,19 @@ from nbresponses.tokens.scripted import Script, ScriptedTokenSource
 
 EVENT = TypeAdapter(ResponseStreamEvent)
 
+# A strict function tool (strict by default, as on OpenAI) several tests call.
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Current weather for a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+}
+
 
 EOS = 2
 

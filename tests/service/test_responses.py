@@ -10,6 +10,7 @@ import tracemalloc
 import openai
 import pytest
 from helpers.responses import (
+    WEATHER,
     check_stream,
     client_for,
     dumps,
@@ -117,17 +118,6 @@ async def test_reasoning_effort_needs_template_support(tokenizer):
 
 # -- tools -------------------------------------------------------------------------------------
 
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "Current weather for a city.",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-        "additionalProperties": False,  # strict by default, as on OpenAI
-    },
-}
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>'
 
 
