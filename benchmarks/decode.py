@@ -112,8 +112,7 @@ def engine_runner(
     engine: TokenGenerator, prompts: list[list[int]], max_tokens: int, stagger_s: float
 ) -> Callable[[], list[Trace]]:
     """One round: every prompt as a request, the i-th arriving after ``i * stagger_s``."""
-    engine._scheduler.stop_ids = frozenset()  # benchmark only: fixed lengths, eos ignored
-    params = SamplingParams(max_tokens=max_tokens, temperature=0)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
 
     async def one(i: int, prompt: list[int]) -> Trace:
         await asyncio.sleep(i * stagger_s)

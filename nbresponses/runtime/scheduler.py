@@ -2,7 +2,9 @@
 
 Each iteration (1) drops cancelled rows, (2) admits waiting requests in FIFO order while the batch
 size and KV budget allow, prefilling each one alone (reusing cached prefix KV) and merging it into
-the running batch, then (3) runs one decode step for every row. Finished rows leave at once.
+the running batch, then (3) runs one decode step for every row: one token each, or, when rows
+have drafts that pay for a wider step (``speculation``), each row's last token plus its draft,
+verified at once. Finished rows leave at once.
 ONNX Runtime releases the GIL while it computes, so the asyncio loop that consumes the steps (a
 notebook kernel) stays responsive; steps cross to it via ``call_soon_threadsafe``.
 
@@ -41,7 +43,7 @@ from nbresponses.runtime.constraints import MaskWorker, RowConstraint
 from nbresponses.runtime.kv import DecodingRows, EndPaddedKV, RowKV, SeparateKV
 from nbresponses.runtime.prefix_cache import PrefixCache
 from nbresponses.runtime.runner import OnnxRunner
-from nbresponses.runtime.speculation import Drafter
+from nbresponses.runtime.speculation import Drafter, step_width
 from nbresponses.tokens.contract import (
     FinishReason,
     GenerationStats,
@@ -50,7 +52,9 @@ from nbresponses.tokens.contract import (
     TokenIdLogprob,
 )
 
-PREFILL_CHUNK = 512  # prompt tokens per prefill run (even): bounds attention and logits memory
+PREFILL_CHUNK = 256  # prompt tokens per prefill run (even): bounds attention and logits memory;
+# with attention reading every column, smaller runs skip part of the masked triangle (450 / 1,000 /
+# 2,000 tokens: 356 / 1,151 / 2,921 ms in runs of 256, 399 / 1,184 / 3,198 in runs of 512)
 IDLE_CHUNK = 64  # tokens per run when re-computing a finished answer while idle (even)
 SCORE_CHUNK = 256  # tokens per run of a scoring job (even): its logits are 192 KiB a token
 IDLE_QUEUE = 8  # finished answers remembered for idle re-computation (newest kept)
@@ -107,7 +111,7 @@ class Scheduler:
             self.kv = EndPaddedKV(runner.layout, reads_every_column=runner.exact_steps)
         else:
             self.kv = SeparateKV(runner.layout)
-        self.speculation = runner.exact_steps  # verify drafted tokens in one step (below)
+        self.speculation = runner.exact_steps  # verify drafted tokens in a step (below)
         self.rows: list[Request] = []
         self.steps = 0  # decode steps run (for tests and stats)
         self._waiting: deque[Request] = deque()
@@ -347,11 +351,16 @@ class Scheduler:
             self.prefix_cache.store(tokens, computed[1])
 
     def _decode(self) -> None:
-        if self.speculation and len(self.rows) == 1 and self._speculate(self.rows[0]):
-            return
+        drafts = self._drafts() if self.speculation else None
+        lengths = list(self.kv.lengths)
         pending = self._masks.start(self.rows)  # computed while the model runs
         try:
-            logits = self.kv.step(self.runner, [r.generated[-1] for r in self.rows])
+            if drafts is None:
+                logits = self.kv.step(self.runner, [r.generated[-1] for r in self.rows])[:, None]
+            else:
+                assert isinstance(self.kv, EndPaddedKV)  # ``exact_steps`` graphs decode in place
+                fed = [[r.generated[-1], *d] for r, d in zip(self.rows, drafts, strict=True)]
+                logits = self.kv.step_tokens(self.runner, fed)
             pending.wait()
         except Exception as exc:  # the batch is lost; fail its rows, keep serving new ones
             pending.wait()
@@ -362,24 +371,45 @@ class Scheduler:
         self.steps += 1
         finished = []
         for i, request in enumerate(self.rows):
-            if request.cancelled or self._emit(request, logits[i]):
+            draft = [] if drafts is None else drafts[i]
+            kept, done = self._accept(request, draft, logits[i])
+            if draft:
+                assert isinstance(self.kv, EndPaddedKV)
+                self._record(request, len(draft), kept)
+                # the last token and the kept drafts are in the cache; the rest are overwritten
+                self.kv.truncate(i, lengths[i] + 1 + kept)
+            if done:
                 finished.append(i)
-                if request.cancelled:
-                    self._finish(request, Step((), finish_reason="cancelled"))
-                else:
-                    self._cache_answer(request, i)
+                self._cache_answer(request, i)
         self._remove(finished)
 
-    def _speculate(self, request: Request) -> bool:
-        """One step that feeds the row its last token plus tokens drafted from its own history
-        (``speculation.Drafter``) and keeps the drafts the model would have chosen itself, then
-        the model's own next token. Exact: on these graphs a position's logits are the same
-        bits in a multi-token step as in a one-token step, so every kept token and logprob is
-        what plain decoding gives. False (nothing run) when the row cannot or has no draft."""
+    def _drafts(self) -> list[list[int]] | None:
+        """Each row's tokens to verify in this step, cut to the width that pays
+        (``speculation.step_width``), or None for a plain one-token step.
+
+        Exact: on these graphs a position's logits are the same bits in a multi-token step as
+        in a one-token step, and a row's the same whatever its batch-mates feed, so every kept
+        token and logprob is what plain decoding gives (tests/runtime/test_speculation.py)."""
+        proposals = [self._propose(request) for request in self.rows]
+        drafting = [
+            (len(draft), request.drafter.acceptance)
+            for request, draft in zip(self.rows, proposals, strict=True)
+            if draft and request.drafter is not None
+        ]
+        if not drafting:
+            return None
+        width = step_width(drafting, len(self.rows))
+        if width == 1:
+            return None
+        return [draft[: width - 1] for draft in proposals]
+
+    def _propose(self, request: Request) -> list[int]:
+        """The row's draft (``speculation.Drafter``): greedy rows without a grammar only,
+        never past ``max_tokens`` or the context."""
         drafter = request.drafter
         if drafter is None:
             if not _greedy_and_free(request):
-                return False
+                return []
             drafter = request.drafter = Drafter(request.prompt)
         drafter.extend(request.generated)
         room = (
@@ -389,41 +419,31 @@ class Scheduler:
             )
             - 1
         )
-        draft = drafter.propose(limit=room)
-        if not draft:
-            return False
-        assert isinstance(self.kv, EndPaddedKV)
-        length = self.kv.lengths[0]
-        try:
-            logits = self.kv.step_tokens(self.runner, [[request.generated[-1], *draft]])[0]
-        except Exception as exc:  # as a failed decode step: the row fails, the engine goes on
-            self._finish(request, Step((), finish_reason="error", error=_describe(exc)))
-            self._remove([0])
-            return True
-        self.steps += 1
+        return drafter.propose(limit=room)
+
+    def _accept(self, request: Request, draft: list[int], logits: np.ndarray) -> tuple[int, bool]:
+        """Emit the row's tokens from a step's logits: position 0 chooses the token after the
+        last one; each later position counts only while the model chose the draft before it.
+        Returns (drafted tokens kept, whether the request finished)."""
         kept = 0
-        finished = False
         for position in range(len(draft) + 1):
             if request.cancelled:
                 self._finish(request, Step((), finish_reason="cancelled"))
-                finished = True
-                break
+                return kept, True
             if self._emit(request, logits[position]):
-                finished = True
-                break
+                return kept, True
             if position == len(draft) or request.generated[-1] != draft[position]:
                 break
             kept += 1
-        drafter.record(len(draft), kept)
+        return kept, False
+
+    @staticmethod
+    def _record(request: Request, drafted: int, kept: int) -> None:
+        assert request.drafter is not None
+        request.drafter.record(drafted, kept)
         stats = request.stats.timings
-        stats["draft_tokens"] = stats.get("draft_tokens", 0) + len(draft)
+        stats["draft_tokens"] = stats.get("draft_tokens", 0) + drafted
         stats["accepted_draft_tokens"] = stats.get("accepted_draft_tokens", 0) + kept
-        # the last token and the kept drafts are in the cache; the rest are overwritten
-        self.kv.truncate(0, length + 1 + kept)
-        if finished:
-            self._cache_answer(request, 0)
-            self._remove([0])
-        return True
 
     def _cache_answer(self, request: Request, index: int) -> None:
         """Give the prefix cache a finished row's KV (prompt and answer but its last token)
@@ -471,7 +491,8 @@ class Scheduler:
         if stats.first_token_time is None:
             stats.first_token_time = time.perf_counter()
         reason: FinishReason | None = None
-        if not forced and (token in self.stop_ids or token in params.stop_token_ids):
+        eos = token in self.stop_ids and not params.ignore_eos
+        if not forced and (eos or token in params.stop_token_ids):
             reason = "stop"
         elif (
             len(request.generated) >= params.max_tokens

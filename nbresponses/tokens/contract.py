@@ -56,6 +56,9 @@ class SamplingParams:
     top_k: int = 0  # 0 = no top-k cut
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    # Generate past the model's end-of-sequence tokens (``stop_token_ids`` still stop): fixed-
+    # length answers for benchmarks and probes, as vLLM's ``ignore_eos``.
+    ignore_eos: bool = False
     logprobs: bool = False  # compute the chosen token's logprob
     top_logprobs: int = 0  # 0..20 alternatives from the full-vocabulary log-softmax
     # Teacher forcing: emit these tokens in order instead of choosing (stop tokens do not end

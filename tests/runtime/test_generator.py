@@ -409,3 +409,18 @@ def test_the_callers_float_state_is_untouched(tiny_fused_fp32, tokenizer, prompt
     finally:
         eng.close_sync()
     assert _subnormals_survive()
+
+
+async def test_ignore_eos_generates_past_the_end_of_sequence(engine, prompts):
+    """A fixed-length answer: the model's eos ends nothing, stop_token_ids still stop."""
+    answer = tokens((await collect(engine, prompts[0], GREEDY))[0])
+    eos = answer[5]
+    engine._scheduler.stop_ids = frozenset({eos})  # as if the model's eos were this token
+    stopped, _ = await collect(engine, prompts[0], GREEDY)
+    assert tokens(stopped) == answer[: answer.index(eos) + 1]
+    assert stopped[-1].finish_reason == "stop"
+    ignoring = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    full, _ = await collect(engine, prompts[0], ignoring)
+    assert tokens(full) == answer and full[-1].finish_reason == "length"
+    stop = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, stop_token_ids=(eos,))
+    assert tokens((await collect(engine, prompts[0], stop))[0]) == tokens(stopped)

@@ -11,30 +11,48 @@ from helpers.engine import PROMPTS, chat_ids
 
 from nbresponses.models.prepare import prepare_model
 from nbresponses.runtime.generator import TokenGenerator
-from nbresponses.runtime.speculation import COOLDOWN_STEPS, START_DRAFT, Drafter
+from nbresponses.runtime.speculation import MAX_DRAFT, Drafter, expected_kept, step_width
 from nbresponses.tokens.contract import GenerationStats, SamplingParams
 
 
 def test_the_draft_is_what_followed_the_longest_earlier_match() -> None:
     drafter = Drafter([1, 2, 3, 4, 5, 6, 1, 2])
-    assert drafter.propose(limit=10) == [3, 4, 5, 6]  # "1 2" before: then 3 4 5 6 (size 4)
+    assert drafter.propose(limit=10) == [3, 4, 5, 6, 1, 2]  # "1 2" before: what followed it
     drafter.extend([3])
-    assert drafter.propose(limit=10) == [4, 5, 6, 1]  # "1 2 3" before
+    assert drafter.propose(limit=10) == [4, 5, 6, 1, 2, 3]  # "1 2 3" before
     assert drafter.propose(limit=2) == [4, 5]
     drafter.extend([3, 9])
     assert drafter.propose(limit=10) == []  # "3 9" never occurred before
+    assert Drafter(list(range(20)) * 2).propose(limit=100) == list(range(MAX_DRAFT))
 
 
-def test_the_draft_length_follows_what_the_model_kept() -> None:
-    drafter = Drafter([*range(1, 30), 1, 2, 3])
-    drafter.record(START_DRAFT, START_DRAFT)
-    assert len(drafter.propose(limit=100)) == 2 * START_DRAFT
-    drafter.record(8, 2)
-    assert len(drafter.propose(limit=100)) == 3
-    for _ in range(3):  # nothing kept, again and again: the row stops drafting for a while
-        drafter.record(3, 0)
-    assert [drafter.propose(limit=100) for _ in range(COOLDOWN_STEPS)] == [[]] * COOLDOWN_STEPS
-    assert drafter.propose(limit=100)
+def test_acceptance_learns_from_kept_and_rejected_drafts() -> None:
+    drafter = Drafter([1, 2, 3])
+    assert drafter.acceptance == pytest.approx(0.9)  # nothing seen yet: worth a try
+    for _ in range(10):
+        drafter.record(8, 8)  # every token kept: no rejection observed
+    assert drafter.acceptance > 0.95
+    for _ in range(10):
+        drafter.record(8, 0)  # the first token rejected, again and again
+    assert drafter.acceptance < 0.3
+    with pytest.raises(ValueError, match="kept 3 of 2"):
+        drafter.record(2, 3)
+
+
+def test_the_step_width_pays_for_the_tokens_it_feeds() -> None:
+    assert expected_kept(0.5, 3) == 0.5 + 0.25 + 0.125
+    assert step_width([], rows=16) == 1
+    # a row that quotes its input drafts all it has, alone or with 15 mates quoting too
+    assert step_width([(8, 0.99)], rows=1) == 9
+    assert step_width([(8, 0.99)] * 16, rows=16) == 9
+    # one quoting row among 15 that draft nothing would make 16 rows wider for one row's sake
+    assert step_width([(8, 0.99)], rows=16) == 1
+    # drafts mostly wrong: not worth even a token
+    assert step_width([(4, 0.05)], rows=1) == 1
+    assert step_width([(4, 0.05)] * 16, rows=16) == 1
+    # a short draft bounds the width; a middling acceptance stops it early
+    assert step_width([(2, 0.99)], rows=1) == 3
+    assert 1 < step_width([(8, 0.6)] * 4, rows=4) < 9
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +88,9 @@ class _Oracle(Drafter):
 
 
 async def test_speculation_gives_plain_decoding_bits(tiny_fused, tokenizer, monkeypatch) -> None:
-    """Greedy, with logprobs and alternatives: alone with drafts (at batch 1), alone without,
-    and batched (three rows: no drafting) give equal steps, in fewer model runs with drafts."""
+    """Greedy, with logprobs and alternatives: alone without drafts, alone with them, and
+    batched with them (three rows, each verifying its own draft in a shared step) give equal
+    steps, in fewer model runs with drafts."""
     from nbresponses.runtime import scheduler
 
     params = SamplingParams(max_tokens=64, temperature=0, logprobs=True, top_logprobs=3)
@@ -89,7 +108,11 @@ async def test_speculation_gives_plain_decoding_bits(tiny_fused, tokenizer, monk
         runs = engine._scheduler.steps
         drafted = [await _steps(engine, p, params) for p in prompts]
         runs = engine._scheduler.steps - runs
+        runs_batched = engine._scheduler.steps
         batched = await asyncio.gather(*(_steps(engine, p, params) for p in prompts))
+        runs_batched = engine._scheduler.steps - runs_batched
+    assert runs_batched < 63  # three rows, 63 decoded tokens each: drafts verified batched
+    assert all(stats.timings.get("accepted_draft_tokens", 0) > 0 for _, stats in batched)
     kept = sum(stats.timings.get("accepted_draft_tokens", 0) for _, stats in drafted)
     drafts = sum(stats.timings.get("draft_tokens", 0) for _, stats in drafted)
     assert 0 < kept < drafts  # kept and rejected drafts both happened
@@ -131,3 +154,34 @@ async def test_sampling_and_grammars_do_not_draft(tiny_fused, tokenizer) -> None
     async with TokenGenerator(tiny_fused, tokenizer=tokenizer, prefix_cache_bytes=0) as engine:
         _, stats = await _steps(engine, prompt, params)
     assert "draft_tokens" not in stats.timings
+
+
+async def test_drafting_rows_leave_their_batch_mates_alone(
+    tiny_fused, tokenizer, monkeypatch
+) -> None:
+    """A sampled row and a row asking for logprobs share wide steps with drafting rows and
+    get what they get alone; the drafting rows get plain decoding's steps."""
+    from nbresponses.runtime import scheduler
+
+    greedy = SamplingParams(max_tokens=40, temperature=0, top_logprobs=2)
+    sampled = SamplingParams(max_tokens=40, temperature=0.9, seed=11, logprobs=True)
+    prompts = [chat_ids(tokenizer, text) for text in PROMPTS[:3]]
+    async with TokenGenerator(tiny_fused, tokenizer=tokenizer, prefix_cache_bytes=0) as engine:
+        engine._scheduler.speculation = False
+        plain = [(await _steps(engine, p, greedy))[0] for p in prompts[:2]]
+        alone, _ = await _steps(engine, prompts[2], sampled)
+        _Oracle.answers = {
+            tuple(p): [t for s in steps for t in s.token_ids]
+            for p, steps in zip(prompts, plain, strict=False)
+        }
+        monkeypatch.setattr(scheduler, "Drafter", _Oracle)
+        engine._scheduler.speculation = True
+        together = await asyncio.gather(
+            _steps(engine, prompts[0], greedy),
+            _steps(engine, prompts[2], sampled),
+            _steps(engine, prompts[1], greedy),
+        )
+    assert together[0][0] == plain[0] and together[2][0] == plain[1]
+    assert together[1][0] == alone
+    assert together[0][1].timings.get("accepted_draft_tokens", 0) > 0
+    assert "draft_tokens" not in together[1][1].timings

@@ -1,0 +1,81 @@
+"""What a batched step of B rows x S tokens costs, against the cost model speculation plans by.
+
+``runtime/speculation.step_width`` decides how many drafted tokens a step verifies from a cost
+model: a step of B rows x S tokens costs ``STEP_OVERHEAD + ROW_OVERHEAD * B + B * S`` tokens'
+worth of compute. This script times real steps of the prepared model (in-place KV buffers of
+``--keys`` columns a row, as a decode step sees them) and prints each step's cost relative to
+a plain step of the same rows, measured and modelled, so the constants can be checked (or
+re-fitted) on another machine or model.
+
+    python benchmarks/speculation.py [--recipe fused-q8] [--keys 250]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+from nbresponses.models.prepare import prepare_model
+from nbresponses.runtime.kv import EndPaddedKV
+from nbresponses.runtime.runner import OnnxRunner
+from nbresponses.runtime.speculation import ROW_OVERHEAD, STEP_OVERHEAD
+
+ROWS = (1, 4, 16)
+WIDTHS = (1, 2, 3, 5, 9)
+
+
+def step_ms(runner: OnnxRunner, rows: int, keys: int, reps: int) -> dict[int, float]:
+    """Median time of a step feeding each width of ``WIDTHS`` to each of ``rows`` rows of
+    ``keys`` keys; the widths take turns, so a noisy moment hits them all alike."""
+    layout = runner.layout
+    rng = np.random.default_rng(0)
+    kv = EndPaddedKV(layout, reads_every_column=True)
+    kv.add_rows(
+        [
+            [
+                rng.standard_normal((layout.kv_heads, keys, layout.head_dim)).astype(layout.dtype)
+                for _ in layout.past_names
+            ]
+            for _ in range(rows)
+        ]
+    )
+    times: dict[int, list[float]] = {width: [] for width in WIDTHS}
+    for _ in range(reps):
+        for width in WIDTHS:
+            start = time.perf_counter()
+            kv.step_tokens(runner, [[5] * width] * rows)
+            times[width].append(time.perf_counter() - start)
+            for i in range(rows):
+                kv.truncate(i, keys)
+    return {width: statistics.median(t) * 1000 for width, t in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--recipe", default="fused-q8")
+    parser.add_argument("--keys", type=int, default=250)
+    parser.add_argument("--reps", type=int, default=9)
+    args = parser.parse_args()
+    prepared = prepare_model(None, args.recipe, progress=False)
+    runner = OnnxRunner(prepared.onnx_path)
+    if not runner.exact_steps:
+        raise SystemExit(f"{args.recipe}: its graph cannot verify drafts (no exact steps)")
+    step_ms(runner, 1, args.keys, 1)  # warm-up
+    print(f"{prepared.name} [{args.recipe}], {args.keys} keys a row, medians of {args.reps}")
+    print(f"model: {STEP_OVERHEAD} + {ROW_OVERHEAD} x rows + rows x width\n")
+    print("| rows | width | ms | vs width 1, measured | vs width 1, model |")
+    print("|---|---|---|---|---|")
+    for rows in ROWS:
+        measured = step_ms(runner, rows, args.keys, args.reps)
+        overhead = STEP_OVERHEAD + ROW_OVERHEAD * rows
+        for width, ms in measured.items():
+            model = (overhead + rows * width) / (overhead + rows)
+            ratio = ms / measured[1]
+            print(f"| {rows} | {width} | {ms:.1f} | {ratio:.2f}x | {model:.2f}x |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
