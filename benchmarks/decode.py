@@ -15,9 +15,10 @@ Systems, each skipped when not installed or named in ``--skip``:
   batch-1 speed is also what it serves concurrent requests at);
 - ``vllm``: vLLM's CPU build from its own venv (``--vllm VENV/bin/python``, installed by
   benchmarks/install_vllm.sh), all scenarios: started as a server with both cores, driven over
-  loopback ``/v1/completions`` with the same prompt tokens, stopped at the end;
-- ``optimum`` (``ORTModelForCausalLM.generate`` on the first recipe's file) and ``torch``
-  (PyTorch fp32 ``generate``): batch 1 only.
+  loopback ``/v1/completions`` with the same prompt tokens, paused (SIGSTOP) while the other
+  systems are measured, stopped at the end;
+- ``optimum`` (``ORTModelForCausalLM.generate`` on the Optimum recipe's file; fused recipes
+  need inputs it does not give) and ``torch`` (PyTorch fp32 ``generate``): batch 1 only.
 
 Every system generates exactly ``--max-tokens`` tokens greedily with eos ignored, from the same
 token ids, cold (no prefix-cache hits: the engine's cache is off unless ``--warm``, vLLM runs
@@ -321,6 +322,7 @@ def main() -> None:
         print(f"starting vLLM (log: {log}) ...", flush=True)
         server.__enter__()
         print(f"vLLM answered after {server.startup_s:.0f} s")
+        server.pause()  # resumed for its own cases only
         for w in workloads:
             for s in plan:
                 run = vllm_runner(server, w.take(s.n), args.max_tokens, s.stagger_s)

@@ -121,9 +121,22 @@ class VllmServer:
         self.__exit__()
         raise TimeoutError(f"vllm serve did not answer within {self.timeout} s (log: {self.log})")
 
+    def pause(self) -> None:
+        """Stop every process of the server until ``resume``: idle, vLLM's CPU worker threads
+        keep spinning on the cores the other systems are measured on (an engine row measured
+        right after vLLM read 78.8 tok/s against 143-154 alone)."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGCONT)
+            time.sleep(0.5)  # let its threads settle before the clock starts
+
     def __exit__(self, *exc: object) -> None:
         if self.process is None or self.process.poll() is not None:
             return
+        self.resume()
         os.killpg(self.process.pid, signal.SIGTERM)
         try:
             self.process.wait(timeout=60)
@@ -175,4 +188,11 @@ def vllm_runner(
 
             return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
 
-    return lambda: asyncio.run(run())
+    def paused_between() -> list[Trace]:
+        server.resume()
+        try:
+            return asyncio.run(run())
+        finally:
+            server.pause()
+
+    return paused_between

@@ -351,7 +351,10 @@ class Scheduler:
             self.prefix_cache.store(tokens, computed[1])
 
     def _decode(self) -> None:
-        drafts = self._drafts() if self.speculation else None
+        try:
+            drafts = self._drafts() if self.speculation else None
+        except Exception:  # drafting only ever saves time: without it the step is plain
+            drafts = None
         lengths = list(self.kv.lengths)
         pending = self._masks.start(self.rows)  # computed while the model runs
         try:
@@ -398,8 +401,10 @@ class Scheduler:
         ]
         if not drafting:
             return None
-        width = step_width(drafting, len(self.rows))
-        if width == 1:
+        # every row is fed ``width`` positions (short rows padded), all inside the context
+        room = min(self.context_length - n for n in self.kv.lengths)
+        width = min(step_width(drafting, len(self.rows)), room)
+        if width <= 1:
             return None
         return [draft[: width - 1] for draft in proposals]
 

@@ -185,3 +185,28 @@ async def test_drafting_rows_leave_their_batch_mates_alone(
     assert together[1][0] == alone
     assert together[0][1].timings.get("accepted_draft_tokens", 0) > 0
     assert "draft_tokens" not in together[1][1].timings
+
+
+async def test_a_row_at_the_end_of_the_context_bounds_the_step(
+    tiny_fused, tokenizer, monkeypatch
+) -> None:
+    """A wide step pads every row to its width; a row about to reach the context's end must
+    not be fed positions past it, so the step narrows (and both rows stay exact)."""
+    from nbresponses.runtime import scheduler
+
+    params = SamplingParams(max_tokens=512, temperature=0)
+    short = chat_ids(tokenizer, PROMPTS[0])
+    long = chat_ids(tokenizer, " ".join([PROMPTS[1]] * 60))
+    async with TokenGenerator(tiny_fused, tokenizer=tokenizer, prefix_cache_bytes=0) as engine:
+        long = long[: engine.context_length - 24]  # 24 tokens of room left
+        engine._scheduler.speculation = False
+        plain = [(await _steps(engine, p, params))[0] for p in (short, long)]
+        _Oracle.answers = {
+            tuple(p): [t for s in steps for t in s.token_ids]
+            for p, steps in zip((short, long), plain, strict=True)
+        }
+        monkeypatch.setattr(scheduler, "Drafter", _Oracle)
+        engine._scheduler.speculation = True
+        together = await asyncio.gather(_steps(engine, short, params), _steps(engine, long, params))
+    assert plain[1][-1].finish_reason == "length"
+    assert [steps for steps, _ in together] == plain
