@@ -20,7 +20,7 @@ from helpers.engine import (
 )
 
 from nbresponses.runtime.generator import TokenGenerator
-from nbresponses.tokens.contract import SamplingParams, TokenSource
+from nbresponses.tokens.contract import GenerationStats, SamplingParams, TokenSource
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0)
 
@@ -264,11 +264,17 @@ async def test_prefix_cache_is_bounded(tiny_model, tokenizer, prompts):
 
 
 async def test_kv_budget_limits_the_batch_fifo(tiny_model, tokenizer, prompts, references):
+    """Requests join in arrival order as the budget frees (equal prompts: no reordering by
+    length within a round; no prefix cache, so none is cheaper than another)."""
     async with TokenGenerator(tiny_model, tokenizer=tokenizer) as probe:
         per_token = probe.runner.layout.bytes_per_token
+    prompts, references = [prompts[0]] * 3, [references[0]] * 3
     longest = max(len(p) for p in prompts) + GREEDY.max_tokens
     async with TokenGenerator(
-        tiny_model, tokenizer=tokenizer, kv_budget_bytes=2 * longest * per_token
+        tiny_model,
+        tokenizer=tokenizer,
+        kv_budget_bytes=2 * longest * per_token,
+        prefix_cache_bytes=0,
     ) as eng:
         seen = []
 
@@ -288,6 +294,26 @@ async def test_kv_budget_limits_the_batch_fifo(tiny_model, tokenizer, prompts, r
         admitted = [stats.first_token_time for _, stats in results]
         assert admitted == sorted(admitted)  # FIFO admission
         assert len(starts) == len(prompts) * 2
+
+
+async def test_a_round_prefills_short_prompts_first(tiny_model, tokenizer, prompts):
+    """Requests waiting together are all admitted in one round, the shortest prefilled first:
+    its first token comes before the long prompt's, which had arrived first."""
+    long = chat_ids(tokenizer, " ".join(PROMPTS * 4))
+    short = prompts[0]
+    assert len(long) > 3 * len(short)
+    async with TokenGenerator(tiny_model, tokenizer=tokenizer, prefix_cache_bytes=0) as eng:
+        busy = eng.generate(short, SamplingParams(max_tokens=64, temperature=0))
+        await busy.__anext__()  # the worker is decoding: the next two wait together
+        stats = [GenerationStats(), GenerationStats()]
+        with eng._scheduler._cond:  # both queued before the worker looks again
+            streams = [
+                eng.generate(p, GREEDY, s) for p, s in zip((long, short), stats, strict=True)
+            ]
+        for stream in (*streams, busy):
+            async for _ in stream:
+                pass
+    assert stats[1].first_token_time < stats[0].first_token_time
 
 
 async def test_max_batch_size(tiny_model, tokenizer, prompts, references):
