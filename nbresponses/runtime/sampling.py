@@ -9,6 +9,8 @@ request runs alone or batched (one uniform draw per token, nothing shared betwee
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from nbresponses.tokens.contract import SamplingParams, TokenIdLogprob
@@ -50,15 +52,6 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return (shifted - np.float32(lse)).astype(np.float32, copy=False)
 
 
-def _top_indices(values: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the k largest values, largest first (ties: lower index first)."""
-    k = min(k, values.shape[0])
-    full = k >= values.shape[0]
-    idx = np.arange(values.shape[0]) if full else np.argpartition(-values, k - 1)[:k]
-    order = np.lexsort((idx, -values[idx]))
-    return idx[order]
-
-
 def choose(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
     """Pick the next token: argmax when greedy, else a draw after temperature, top-k, top-p."""
     if params.temperature == 0:
@@ -76,10 +69,10 @@ def choose(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator)
     else:
         # Nucleus over the pool, renormalised; sort only as much of it as the nucleus needs.
         total = np.exp(values - peak).sum()
-        head = _top_indices(values, _NUCLEUS_PROBE)
+        head = top_k(values, _NUCLEUS_PROBE)
         cum = np.cumsum(np.exp(values[head] - peak)) / total
         if cum[-1] < params.top_p and head.shape[0] < values.shape[0]:
-            head = _top_indices(values, values.shape[0])
+            head = top_k(values, values.shape[0])
             cum = np.cumsum(np.exp(values[head] - peak)) / total
         keep = min(int(np.searchsorted(cum, params.top_p, side="left")) + 1, head.shape[0])
         pick = int(head[_draw(cum[:keep], rng)])
@@ -92,21 +85,70 @@ def _draw(cdf: np.ndarray, rng: np.random.Generator) -> int:
     return min(pick, cdf.shape[0] - 1)
 
 
+class _Scratch(threading.local):
+    """Per-thread work buffers for ``token_logprob``: a row's log-softmax needs a float32 and
+    a float64 vector of the vocabulary's size, and fresh ones cost a page fault per 4 KiB
+    (a 16-row step with logprobs spent more time faulting than computing)."""
+
+    def __init__(self) -> None:
+        self.f32 = np.empty(0, np.float32)
+        self.f64 = np.empty(0, np.float64)
+
+    def get(self, size: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.f32.shape[0] != size:
+            self.f32 = np.empty(size, np.float32)
+            self.f64 = np.empty(size, np.float64)
+        return self.f32, self.f64
+
+
+_scratch = _Scratch()
+_BLOCK = 64  # top-k: a bound from the maxima of blocks of this many values
+
+
+def top_k(values: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest values, largest first, ties broken by lower index (so the
+    choice among equal values never depends on a selection algorithm's internals).
+
+    Exact and faster than a partition of the vocabulary: the k-th largest block maximum is
+    a lower bound of the k-th largest value (those k maxima are k values at least that
+    large), so every top-k value is among the few at or above it."""
+    n = values.shape[0]
+    k = min(k, n)
+    if k <= 0:
+        return np.empty(0, np.int64)
+    whole = n - n % _BLOCK
+    bounds = values[:whole].reshape(-1, _BLOCK).max(axis=1) if whole else values[:0]
+    bounds = np.concatenate([bounds, values[whole:]])
+    if bounds.shape[0] > k:
+        floor = np.partition(bounds, bounds.shape[0] - k)[bounds.shape[0] - k]
+        candidates = np.flatnonzero(values >= floor)
+    else:
+        candidates = np.arange(n)
+    order = np.lexsort((candidates, -values[candidates]))[:k]
+    return candidates[order]
+
+
 def token_logprob(
     logits: np.ndarray, token_id: int, top: int, *, details: bool = False
 ) -> TokenIdLogprob:
     """The chosen token's logprob and the ``top`` best alternatives, from the raw logits; with
-    ``details``, its rank (1 + the number of tokens more likely) and the entropy in nats."""
-    logp = log_softmax(logits)
+    ``details``, its rank (1 + the number of tokens more likely) and the entropy in nats.
+
+    The same float32 values as ``log_softmax`` (tests/runtime/test_units.py compares them
+    bit for bit), computed in reused buffers."""
+    x = logits.astype(np.float32, copy=False)
+    logp, wide = _scratch.get(x.shape[0])
+    np.subtract(x, x.max(), out=logp)  # shifted
+    np.exp(logp, out=wide, dtype=np.float64)
+    np.subtract(logp, np.float32(np.log(wide.sum())), out=logp)
     alternatives: tuple[tuple[int, float], ...] = ()
     if top > 0:
-        idx = _top_indices(logp, top)
-        alternatives = tuple((int(i), float(logp[i])) for i in idx)
+        alternatives = tuple((int(i), float(logp[i])) for i in top_k(logp, top))
     rank = entropy = None
     if details:
         rank = 1 + int(np.count_nonzero(logp > logp[token_id]))
-        probs = np.exp(logp.astype(np.float64))
-        entropy = float(-(probs * logp).sum())
+        probs = np.exp(logp, out=wide, dtype=np.float64)
+        entropy = float(-np.multiply(probs, logp, out=probs).sum())
     return TokenIdLogprob(
         token_id=int(token_id),
         logprob=float(logp[token_id]),

@@ -2,9 +2,9 @@
 
 Each iteration (1) drops cancelled rows, (2) admits waiting requests in FIFO order while the batch
 size and KV budget allow, prefilling each one alone, shortest first (reusing cached prefix KV),
-and merging them into the running batch, then (3) runs one decode step for every row: one token each, or, when rows
-have drafts that pay for a wider step (``speculation``), each row's last token plus its draft,
-verified at once. Finished rows leave at once.
+and merging them into the running batch, then (3) runs one decode step for every row: one
+token each, or, when rows have drafts that pay for a wider step (``speculation``), each row's
+last token plus its draft, verified at once. Finished rows leave at once.
 ONNX Runtime releases the GIL while it computes, so the asyncio loop that consumes the steps (a
 notebook kernel) stays responsive; steps cross to it via ``call_soon_threadsafe``.
 

@@ -27,6 +27,43 @@ def test_token_logprob_top_alternatives():
     assert [t for t, _ in lp.top] == [1, 3, 2]  # ties: lower id first
 
 
+def _reference_logprob(logits, token, top, details):
+    """The plain formula: full log-softmax, sort, rank and entropy over fresh arrays."""
+    logp = sampling.log_softmax(logits)
+    order = np.lexsort((np.arange(logp.shape[0]), -logp))[:top]
+    rank = entropy = None
+    if details:
+        rank = 1 + int(np.count_nonzero(logp > logp[token]))
+        entropy = float(-(np.exp(logp.astype(np.float64)) * logp).sum())
+    return float(logp[token]), tuple((int(i), float(logp[i])) for i in order), rank, entropy
+
+
+def test_token_logprob_gives_the_plain_formula_bit_for_bit():
+    """Reused buffers and the block-maximum top-k change no bit of any field, whatever the
+    row length, spread or ties (rounded logits tie often), for the chosen token anywhere."""
+    rng = np.random.default_rng(1)
+    rows = [
+        rng.normal(0, scale, n).astype(np.float32)
+        for n in (49152, 50, 64, 1000, 7)
+        for scale in (0.5, 8)
+    ]
+    rows += [np.round(rng.normal(0, 4, 49152), 1).astype(np.float32) for _ in range(3)]
+    rows.append(np.zeros(300, np.float32))  # every value tied
+    for logits in rows:
+        for token in (0, int(np.argmax(logits)), logits.shape[0] - 1):
+            for top in (0, 1, 5, 20):
+                got = sampling.token_logprob(logits, token, top, details=True)
+                expected = _reference_logprob(logits, token, top, True)
+                assert (got.logprob, got.top, got.rank, got.entropy) == expected
+
+
+def test_top_k_breaks_ties_by_lower_index():
+    values = np.array([5.0] * 130 + [7.0, 7.0] + [5.0] * 70, np.float32)
+    assert sampling.top_k(values, 4).tolist() == [130, 131, 0, 1]
+    assert sampling.top_k(values, 0).tolist() == []
+    assert sampling.top_k(values, 500).tolist() == [130, 131, *range(130), *range(132, 202)]
+
+
 def test_filters_that_leave_one_token_are_greedy():
     rng = np.random.default_rng(0)
     for _ in range(20):
