@@ -374,7 +374,9 @@ def build_cases(args, engines, base_prepared, workloads: list[Workload], plan: l
                 cases.append(Case("llama.cpp Q8_0", w.name, one, run))
         except ImportError:
             print("llama-cpp-python is not installed: llama.cpp skipped")
-    if "optimum" not in args.skip:
+    if "optimum" not in args.skip and base_prepared.recipe.startswith("fused"):
+        print(f"optimum generate skipped: {base_prepared.recipe} needs inputs it does not give")
+    elif "optimum" not in args.skip:
         model = optimum_runner(base_prepared, args.threads)
         for w in workloads:
             run = hf_runner(model, w.single, args.max_tokens)
