@@ -156,20 +156,40 @@ async def test_sampling_and_grammars_do_not_draft(tiny_fused, tokenizer) -> None
     assert "draft_tokens" not in stats.timings
 
 
+class _EvenIds:
+    """A toy grammar: only even token ids may come next."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+        self.error = None
+
+    def fill_mask(self, mask) -> None:
+        mask[:] = 0x55555555  # bits 0, 2, 4, ... of every word
+
+    def accept(self, token_id: int) -> None:
+        assert token_id % 2 == 0
+
+
 async def test_drafting_rows_leave_their_batch_mates_alone(
     tiny_fused, tokenizer, monkeypatch
 ) -> None:
-    """A sampled row and a row asking for logprobs share wide steps with drafting rows and
-    get what they get alone; the drafting rows get plain decoding's steps."""
+    """A sampled row, a row asking for logprobs and a row under a grammar share wide steps
+    with drafting rows and get what they get alone; the drafting rows get plain decoding's
+    steps."""
     from nbresponses.runtime import scheduler
 
     greedy = SamplingParams(max_tokens=40, temperature=0, top_logprobs=2)
     sampled = SamplingParams(max_tokens=40, temperature=0.9, seed=11, logprobs=True)
     prompts = [chat_ids(tokenizer, text) for text in PROMPTS[:3]]
     async with TokenGenerator(tiny_fused, tokenizer=tokenizer, prefix_cache_bytes=0) as engine:
+        vocab = engine.runner.vocab_size
+        even = SamplingParams(
+            max_tokens=40, temperature=0, logprobs=True, constraint=lambda: _EvenIds(vocab)
+        )
         engine._scheduler.speculation = False
         plain = [(await _steps(engine, p, greedy))[0] for p in prompts[:2]]
         alone, _ = await _steps(engine, prompts[2], sampled)
+        alone_even, _ = await _steps(engine, prompts[2], even)
         _Oracle.answers = {
             tuple(p): [t for s in steps for t in s.token_ids]
             for p, steps in zip(prompts, plain, strict=False)
@@ -180,11 +200,15 @@ async def test_drafting_rows_leave_their_batch_mates_alone(
             _steps(engine, prompts[0], greedy),
             _steps(engine, prompts[2], sampled),
             _steps(engine, prompts[1], greedy),
+            _steps(engine, prompts[2], even),
         )
     assert together[0][0] == plain[0] and together[2][0] == plain[1]
     assert together[1][0] == alone
+    assert together[3][0] == alone_even
+    assert all(t % 2 == 0 for s in alone_even for t in s.token_ids)
     assert together[0][1].timings.get("accepted_draft_tokens", 0) > 0
     assert "draft_tokens" not in together[1][1].timings
+    assert "draft_tokens" not in together[3][1].timings
 
 
 async def test_a_row_at_the_end_of_the_context_bounds_the_step(
