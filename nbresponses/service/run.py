@@ -268,4 +268,7 @@ def _add_stats(total: GenerationStats, one: GenerationStats, prompt_tokens: int)
     if total.first_token_time is None:
         total.first_token_time = one.first_token_time
     for key, value in one.timings.items():
-        total.timings.setdefault(key, value)
+        if key.endswith("_tokens"):  # counts (drafted, kept) add up over rounds
+            total.timings[key] = total.timings.get(key, 0) + value
+        else:  # times are the first round's
+            total.timings.setdefault(key, value)
