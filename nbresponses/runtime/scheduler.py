@@ -211,7 +211,8 @@ class Scheduler:
                 if not (request.cancelled or request.score_from or self._fits(request, rows)):
                     break
                 taken.append(self._waiting.popleft())
-        order = sorted(taken, key=self._uncached_tokens)  # stable: FIFO among equals
+        # stable: FIFO among equals; a lone request skips the prefix-cache probe
+        order = sorted(taken, key=self._uncached_tokens) if len(taken) > 1 else taken
         joined: list[tuple[Request, RowKV]] = []
         done = 0
         try:
