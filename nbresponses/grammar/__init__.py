@@ -5,14 +5,17 @@ rules); ``matcher`` compiles grammars for a tokenizer and gives each generation 
 ``TokenConstraint`` (``tokens.contract``) that the engine applies to its row of logits.
 """
 
-from nbresponses.grammar.matcher import Grammar, GrammarError, GrammarTokenizer, Matcher
-from nbresponses.grammar.schema import SchemaError, check_schema
+from nbresponses.grammar.matcher import Grammar, GrammarError, GrammarTokenizer, Guard, Matcher
+from nbresponses.grammar.schema import SchemaError, best_effort, check_schema, closed
 
 __all__ = [
     "Grammar",
     "GrammarError",
     "GrammarTokenizer",
+    "Guard",
     "Matcher",
     "SchemaError",
+    "best_effort",
     "check_schema",
+    "closed",
 ]

@@ -17,10 +17,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import llguidance
 import numpy as np
+
+from nbresponses.grammar.closing import ClosingVocab, shortest_closing
+from nbresponses.grammar.repetition import Ban, RepetitionGuard
 
 if TYPE_CHECKING:  # a stub-only name
     from llguidance._lib import JsonCompileOptions
@@ -42,10 +47,19 @@ class GrammarError(ValueError):
 
 
 class GrammarTokenizer:
-    """A tokenizer as llguidance sees it (built once per tokenizer: ~0.4 s)."""
+    """A tokenizer as llguidance sees it (built once per tokenizer: ~0.4 s), with each token's
+    bytes (for the repetition guard) and the special tokens that may end a structure
+    (``closers``: harmony's ``<|call|>``, ``<|end|>``, ...; the end token always may)."""
 
-    def __init__(self, ll: llguidance.LLTokenizer) -> None:
+    def __init__(
+        self,
+        ll: llguidance.LLTokenizer,
+        tokens: Sequence[bytes] = (),
+        closers: Sequence[int] = (),
+    ) -> None:
         self.ll = ll
+        self.tokens = list(tokens)
+        self.closers = tuple(closers)
 
     @classmethod
     def from_bytes(
@@ -55,6 +69,7 @@ class GrammarTokenizer:
         encode: Any,
         eos_token_id: int,
         special_token_ids: Sequence[int],
+        closers: Sequence[int] = (),
     ) -> GrammarTokenizer:
         """From each id's bytes and an encoder of text. (llguidance can also read a Hugging Face
         tokenizer itself, but it misreads the bundled model's GGUF-derived decoder as not
@@ -62,11 +77,39 @@ class GrammarTokenizer:
         wrapper = llguidance.TokenizerWrapper(
             _Vocab(tokens, encode, eos_token_id, special_token_ids)
         )
-        return cls(llguidance.LLTokenizer(wrapper))
+        return cls(llguidance.LLTokenizer(wrapper), tokens, closers)
 
     @property
     def vocab_size(self) -> int:
         return int(self.ll.vocab_size)
+
+    @cached_property
+    def by_bytes(self) -> dict[bytes, list[int]]:
+        """Plain tokens by their bytes (special tokens left out: they are never text)."""
+        special = set(self._special)
+        out: dict[bytes, list[int]] = {}
+        for i, b in enumerate(self.tokens):
+            if b and i not in special:
+                out.setdefault(bytes(b), []).append(i)
+        return out
+
+    @cached_property
+    def _special(self) -> list[int]:
+        return [i for i in range(len(self.tokens)) if self.ll.is_special_token(i)]
+
+    @cached_property
+    def with_comma(self) -> list[int]:
+        """Plain tokens that hold a ``,`` (the ones that can add an item to a list)."""
+        return sorted(i for b, ids in self.by_bytes.items() if b"," in b for i in ids)
+
+    @cached_property
+    def with_quote(self) -> list[int]:
+        """Plain tokens that hold a ``"`` (the ones that can close a string)."""
+        return sorted(i for b, ids in self.by_bytes.items() if b'"' in b for i in ids)
+
+    @cached_property
+    def closing_vocab(self) -> ClosingVocab:
+        return ClosingVocab(self.tokens, self.ll, self.closers)
 
 
 class _Vocab:
@@ -85,12 +128,23 @@ class _Vocab:
         return list(self._encode(text))
 
 
+@dataclass(frozen=True)
+class Guard:
+    """The repetition guard's switch and where it starts watching (``grammar/repetition.py``):
+    ``after`` is text the output must contain first (a tool-call opener after free text);
+    None: from the first token."""
+
+    on: bool = True
+    after: str | None = None
+
+
 class Grammar:
     """A compiled grammar: checked once, then one ``Matcher`` per generation."""
 
-    def __init__(self, tokenizer: GrammarTokenizer, grammar: str) -> None:
+    def __init__(self, tokenizer: GrammarTokenizer, grammar: str, guard: Guard = Guard()) -> None:
         self.tokenizer = tokenizer
         self.text = grammar
+        self.guard = guard
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
             grammar, tokenizer.ll
         )
@@ -98,15 +152,25 @@ class Grammar:
             raise GrammarError(messages[0] if messages else "the grammar does not compile")
 
     @classmethod
-    def json_schema(cls, tokenizer: GrammarTokenizer, schema: dict[str, Any]) -> Grammar:
-        return cls(tokenizer, llguidance.LLMatcher.grammar_from_json_schema(schema, JSON_OPTIONS))
+    def json_schema(
+        cls, tokenizer: GrammarTokenizer, schema: dict[str, Any], guard: Guard = Guard()
+    ) -> Grammar:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, JSON_OPTIONS)
+        return cls(tokenizer, grammar, guard)
 
     @classmethod
-    def lark(cls, tokenizer: GrammarTokenizer, text: str) -> Grammar:
-        return cls(tokenizer, llguidance.LLMatcher.grammar_from_lark(text))
+    def lark(cls, tokenizer: GrammarTokenizer, text: str, guard: Guard = Guard()) -> Grammar:
+        return cls(tokenizer, llguidance.LLMatcher.grammar_from_lark(text), guard)
 
     def matcher(self) -> Matcher:
-        return Matcher(self.tokenizer, self.text)
+        guard = None
+        if self.guard.on:
+            tok = self.tokenizer
+            after = self.guard.after.encode() if self.guard.after is not None else None
+            guard = RepetitionGuard(
+                tok.tokens, tok.by_bytes, tok.with_comma, tok.with_quote, start=after
+            )
+        return Matcher(self.tokenizer, self.text, guard)
 
     __call__ = matcher  # a ConstraintFactory
 
@@ -126,10 +190,15 @@ def lark_string(text: str) -> str:
 class Matcher:
     """One generation's grammar state (a ``TokenConstraint``): masks, then accepts a token."""
 
-    def __init__(self, tokenizer: GrammarTokenizer, grammar: str) -> None:
+    def __init__(
+        self, tokenizer: GrammarTokenizer, grammar: str, guard: RepetitionGuard | None = None
+    ) -> None:
         self._m = llguidance.LLMatcher(tokenizer.ll, grammar, log_level=0)
+        self._tokenizer = tokenizer
         self._vocab = tokenizer.vocab_size
+        self._guard = guard
         self.tokens: list[int] = []
+        self.guarded = 0  # steps at which the repetition guard banned a continuation
 
     @property
     def vocab_size(self) -> int:
@@ -138,20 +207,33 @@ class Matcher:
     def fill_mask(self, mask: np.ndarray) -> None:
         assert mask.dtype == np.int32 and mask.flags["C_CONTIGUOUS"]
         self._m.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
+        if self._guard is not None:
+            self._apply(mask.view(np.uint32), self._guard.ban())
+
+    def _apply(self, view: np.ndarray, ban: Ban) -> None:
+        """Narrow the mask as the guard asks, unless that would leave no token allowed."""
+        if ban.only is None and not ban.banned:
+            return
+        ids = np.asarray(ban.only if ban.only is not None else ban.banned, dtype=np.int64)
+        ids = ids[ids < self._vocab]
+        chosen = np.zeros_like(view)
+        np.bitwise_or.at(chosen, ids // 32, (np.uint32(1) << (ids % 32).astype(np.uint32)))
+        narrowed = view & chosen if ban.only is not None else view & ~chosen
+        if narrowed.any() and not np.array_equal(narrowed, view):
+            view[:] = narrowed
+            self.guarded += 1
 
     def accept(self, token_id: int) -> None:
         self.tokens.append(token_id)
         self._m.consume_token(token_id)
+        if self._guard is not None and token_id < len(self._tokenizer.tokens):
+            self._guard.feed(self._tokenizer.tokens[token_id])
+
+    def closing(self, limit: int) -> list[int] | None:
+        """The tokens that end the grammar from here, the end token included (one token when
+        it may end now); None if no way was found within ``limit`` steps."""
+        return shortest_closing(self._m, self._tokenizer.closing_vocab, limit)
 
     @property
     def error(self) -> str | None:
         return self._m.get_error() if self._m.is_error() else None
-
-    @property
-    def accepting(self) -> bool:
-        """The tokens so far are a complete match (the grammar may end here)."""
-        return bool(self._m.is_accepting())
-
-
-def mask_words(vocab_size: int) -> int:
-    return (vocab_size + 31) // 32

@@ -5,10 +5,17 @@ JSON path of the keyword (the caller turns it into a 400): a schema is never run
 ``strict=True`` adds OpenAI's strict-mode rules (structured outputs and strict function tools):
 the root is an object, every object lists all its properties in ``required`` and sets
 ``additionalProperties: false``, and the combinators beyond ``anyOf`` are not used.
+
+Where a request does not ask for strict mode, OpenAI never refuses a schema for these rules: it
+normalizes a function tool's schema when it can and otherwise calls the function best-effort.
+``closed`` is the normalization (objects that do not say otherwise take no extra keys) and
+``best_effort`` the fallback (every keyword that can be enforced is, the others are named and
+left out); ``families/constrain.py`` says which applies when.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -77,6 +84,46 @@ def check_schema(schema: Any, *, strict: bool) -> None:
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
     if is_error:
         raise SchemaError((), messages[0] if messages else "the schema does not compile")
+
+
+def closed(schema: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``schema`` in which every object that does not give ``additionalProperties``
+    takes no extra keys (what OpenAI's strict normalization asks; ``required`` is kept as
+    given: an optional property stays optional, which the grammar enforces as well)."""
+    out = copy.deepcopy(schema)
+    for _, node in _walk(out, ()):
+        if _is_object(node) and "additionalProperties" not in node:
+            node["additionalProperties"] = False
+    return out
+
+
+def best_effort(schema: Any) -> tuple[dict[str, Any], list[str]]:
+    """``schema`` without the keywords the engine cannot enforce (and patterns or formats that
+    do not compile), with the JSON paths of what was left out. Raises ``SchemaError`` if what
+    remains still does not compile (the caller then holds the output to any JSON object)."""
+    if not isinstance(schema, dict):
+        raise SchemaError((), "the schema must be a JSON object")
+    out = copy.deepcopy(schema)
+    dropped: list[str] = []
+    for path, node in list(_walk(out, ())):
+        for key in list(node):
+            if key in META or key.startswith("x-"):
+                continue
+            if key not in ENFORCED:
+                dropped.append(SchemaError((*path, key), "").where)
+                del node[key]
+        for key in ("pattern", "format"):
+            if key in node:
+                try:
+                    _check_alone({key: node[key]}, path)
+                except SchemaError as exc:
+                    dropped.append(exc.where)
+                    del node[key]
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(out)
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    if is_error:
+        raise SchemaError((), messages[0] if messages else "the schema does not compile")
+    return out, dropped
 
 
 def _is_object(node: dict[str, Any]) -> bool:

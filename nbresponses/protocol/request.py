@@ -36,6 +36,9 @@ TOOL = TypeAdapter(Tool)
 MAX_DEPTH = 100  # levels of nesting in any parameter (a JSON schema needs far fewer)
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
+# Parameters beyond OpenAI's (sent as the SDK's ``extra_body``), documented in docs/concepts.
+# repetition_guard: a constrained value that only repeats itself is stopped (structured.md).
+EXTENSIONS = frozenset({"repetition_guard"})
 # Accepted because they are labels echoed on the Response, with no behaviour to honour.
 ECHOED = ("user", "safety_identifier", "prompt_cache_key")
 # In the SDK, not supported by a local chat-template engine.
@@ -79,6 +82,7 @@ class CreateRequest:
     # ({"type": "json_schema", "name", "schema", "strict", "description"}), as given
     text_format: dict[str, Any] | None = None
     echoed: dict[str, str] = field(default_factory=dict)
+    repetition_guard: bool = True
 
 
 def given(value: Any) -> bool:
@@ -97,7 +101,7 @@ def parse_create(kwargs: Mapping[str, Any], *, model: str) -> CreateRequest:
     params = {k: v for k, v in params.items() if given(v)}
     check_values(params)
     for key in params:
-        if key not in SDK_PARAMETERS and key != "verbosity":
+        if key not in SDK_PARAMETERS and key != "verbosity" and key not in EXTENSIONS:
             raise bad_request(f"Unknown parameter: '{key}'.", param=key, code="unknown_parameter")
         if key in REJECTED:
             raise unsupported(key)
@@ -137,6 +141,7 @@ def parse_create(kwargs: Mapping[str, Any], *, model: str) -> CreateRequest:
     if params.get("truncation", "disabled") != "disabled":
         raise unsupported("truncation", "only 'disabled' (an over-long prompt is an error).")
     req.echoed = {k: _opt_str(params, k) for k in ECHOED if k in params}  # type: ignore[misc]
+    req.repetition_guard = _bool(params, "repetition_guard", True)
     return req
 
 

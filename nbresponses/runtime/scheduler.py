@@ -84,7 +84,8 @@ class Request:
     def __post_init__(self) -> None:
         self.rng = sampling.make_rng(self.params)
         if self.params.constraint is not None and not self.params.forced_tokens:
-            self.constraint = RowConstraint(self.params.constraint())
+            budget = self.budget_tokens - len(self.prompt)  # the most tokens it may generate
+            self.constraint = RowConstraint(self.params.constraint(), budget)
 
 
 class Scheduler:
@@ -520,12 +521,19 @@ class Scheduler:
         eos = token in self.stop_ids and not params.ignore_eos
         if not forced and (eos or token in params.stop_token_ids):
             reason = "stop"
+            if request.constraint is not None and request.constraint.closed_early:
+                reason = "length"  # the budget ended the answer (it closed it in time)
+                stats.timings["closing_tokens"] = request.constraint.closed_tokens
         elif (
             len(request.generated) >= params.max_tokens
             or len(request.prompt) + len(request.generated) >= self.context_length
         ):
             reason = "length"
         step = Step((token,), logprob, finish_reason=reason)
+        if reason and request.constraint is not None:
+            guarded = getattr(request.constraint.constraint, "guarded", 0)
+            if guarded:  # tokens chosen while the repetition guard banned a continuation
+                stats.timings["guarded_tokens"] = guarded
         if reason:
             # graphs whose decode steps compute other bits than prefill (GroupQueryAttention)
             # re-compute the answer by prefill when idle; others cache it as it is

@@ -43,6 +43,18 @@ class TokenConstraint(Protocol):
         ...
 
 
+@runtime_checkable
+class ClosableConstraint(TokenConstraint, Protocol):
+    """A constraint that can say how to finish from where it stands: the engine uses it to end
+    a structured answer within its token budget (budget-aware closing, ``runtime/constraints``).
+    """
+
+    def closing(self, limit: int) -> Sequence[int] | None:
+        """Token ids that reach the grammar's end from here, the end token included (one id
+        when it may end now); None when no way was found within ``limit`` steps."""
+        ...
+
+
 ConstraintFactory = Callable[[], TokenConstraint]
 
 

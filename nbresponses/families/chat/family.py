@@ -15,7 +15,7 @@ from typing import Any
 from openai.types.responses import FunctionTool
 
 from nbresponses.families.base import RenderedPrompt
-from nbresponses.families.chat.grammar import chat_grammar
+from nbresponses.families.chat.grammar import chat_grammar, guard_after
 from nbresponses.families.chat.messages import to_chat
 from nbresponses.families.chat.parser import (
     THINK_CLOSE,
@@ -30,7 +30,7 @@ from nbresponses.families.chat.reasoning import effort_kwargs
 from nbresponses.families.chat.template import TemplateCapabilities, render, tool_schema
 from nbresponses.families.constrain import output_schema, tool_schemas
 from nbresponses.families.text import IncrementalDetokenizer, TokenBytes, protocol_logprob
-from nbresponses.grammar import Grammar, GrammarTokenizer
+from nbresponses.grammar import Grammar, GrammarTokenizer, Guard
 from nbresponses.protocol.errors import bad_request, unsupported
 from nbresponses.protocol.events import EventBuilder, TokenLogprob
 from nbresponses.protocol.items import BUILTIN_ITEMS
@@ -120,7 +120,16 @@ class ChatFamily:
             prefill=prompt.lead,
             may_think=prompt.start == "free" and self.caps.reasons,
         )
-        constraint = Grammar.lark(self.grammar_tokenizer(), grammar) if grammar else None
+        guard = Guard(
+            req.repetition_guard,
+            guard_after(
+                answer=req.text_format is not None,
+                calls=calls,
+                mode=req.tool_mode,
+                prefill=prompt.lead,
+            ),
+        )
+        constraint = Grammar.lark(self.grammar_tokenizer(), grammar, guard) if grammar else None
 
         def decoder(builder: EventBuilder) -> ChatDecoder:
             return ChatDecoder(

@@ -17,7 +17,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from nbresponses.families.chat.parser import THINK_OPEN, TOOL_CLOSE, TOOL_OPEN
+from nbresponses.families.chat.parser import THINK_CLOSE, THINK_OPEN, TOOL_CLOSE, TOOL_OPEN
 from nbresponses.families.constrain import ToolSchema
 from nbresponses.grammar.matcher import json_lark, lark_string
 
@@ -87,6 +87,17 @@ def chat_grammar(
         rules.append(f"THINKING: {_THINK_BLOCK}")
         start = f"(THINKING /[ \\t\\n]*/)? ({start})"
     return _lark(start, rules)
+
+
+def guard_after(*, answer: bool, calls: bool, mode: str, prefill: str) -> str | None:
+    """Where the repetition guard starts watching (``grammar/repetition.py``): at the tool-call
+    opener when free text may come first, after the reasoning the prompt opened, else from the
+    first token. Free text is the model's own; only constrained values are guarded."""
+    if calls and mode == "auto" and not answer:
+        return TOOL_OPEN
+    if prefill.startswith(THINK_OPEN):
+        return THINK_CLOSE
+    return None
 
 
 def _lark(start: str, rules: list[str]) -> str:

@@ -36,7 +36,7 @@ from nbresponses.families.harmony.grammar import (
 )
 from nbresponses.families.harmony.token_bytes import HarmonyTokenBytes
 from nbresponses.families.text import protocol_logprob
-from nbresponses.grammar import Grammar
+from nbresponses.grammar import Grammar, Guard
 from nbresponses.protocol.errors import bad_request
 from nbresponses.protocol.events import EventBuilder, ItemStatus, TokenLogprob
 from nbresponses.protocol.ids import new_id
@@ -143,7 +143,8 @@ class HarmonyFamily:
         tools = tool_schemas(req) if tools_on else []
         grammar = harmony_grammar(output_schema(req), tools, req, builtin=prompt.builtin)
         tokenizer = grammar_tokenizer(self.encoding)
-        constraint = Grammar.lark(tokenizer, grammar) if grammar is not None else None
+        guard = Guard(req.repetition_guard)  # harmony's turn is watched whole
+        constraint = Grammar.lark(tokenizer, grammar, guard) if grammar is not None else None
         return RenderedPrompt(
             prompt.token_ids, prompt.stop_token_ids, decoder, constraint=constraint
         )

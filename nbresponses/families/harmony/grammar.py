@@ -49,13 +49,23 @@ def grammar_tokenizer(encoding: HarmonyEncoding) -> GrammarTokenizer:
     """The o200k harmony vocabulary as the grammar engine sees it (once per process: ~0.5 s)."""
     key = encoding.name
     if key not in _CACHE:
-        return_id = encoding.encode("<|return|>", allowed_special={"<|return|>"})[0]
+
+        def special(name: str) -> int:
+            return int(encoding.encode(name, allowed_special={name})[0])
+
+        return_id = special("<|return|>")
+        # the special tokens a closing walk may take to end a turn, in order of preference
+        closers = [
+            special(name)
+            for name in ("<|call|>", "<|end|>", "<|start|>", "<|channel|>", "<|message|>")
+        ]
         tokens = vocabulary_bytes(encoding)
         _CACHE[key] = GrammarTokenizer.from_bytes(
             tokens,
             encode=lambda text: encoding.encode(text, disallowed_special=()),
             eos_token_id=return_id,
             special_token_ids=[i for i in range(len(tokens)) if encoding.is_special_token(i)],
+            closers=closers,
         )
     return _CACHE[key]
 

@@ -1,0 +1,97 @@
+"""The shortest way to finish a grammar from where a generation stands: what budget-aware
+closing forces when the tokens left would otherwise cut a structured answer off.
+
+llguidance can say which tokens may come next but not how far the end is, so this walks a copy
+of the matcher: bytes the grammar forces are taken as they are (``compute_ff_bytes``: key names,
+the rest of a ``const``); otherwise the first allowed candidate in a fixed order of preference:
+the end token, the family's closing special tokens, then single bytes that close what is open
+(``"``, ``]``, ``}``), the shortest values (``0``, ``""``, ``[]``, ``{}``, ``null``, ``false``),
+separators, then letters and digits (so an enum, a pattern or a required key still completes).
+Right after an opener (``[`` or ``{``) its closer is tried first: an empty container, not an
+empty first item. The walk is greedy, so it is short rather than provably shortest; it gives up
+(None) after ``limit`` steps, which happens only where the grammar lets the walk wander (an
+object that allows extra keys and still misses a required one). The bytes found are then
+tokenized as the tokenizer would write them (fewer tokens than one per byte), checked against
+another copy, and the end token appended.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import llguidance
+
+_CLOSERS = b'"]}'
+_AFTER = (
+    b"0,: {[\n<>/"
+    + b"nultrefas"
+    + b"bcdghijkmopqvwxyz_123456789-.+"
+    + b"ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    + b"!#$%&'()*=?@\\^`|~;"
+)
+PREFERENCE = _CLOSERS + _AFTER
+
+
+class ClosingVocab:
+    """The single-byte tokens and special closers a walk may use, in order of preference."""
+
+    def __init__(
+        self, tokens: Sequence[bytes], ll: llguidance.LLTokenizer, closers: Sequence[int]
+    ) -> None:
+        single: dict[int, int] = {}
+        for i, b in enumerate(tokens):
+            if len(b) == 1 and b[0] not in single and not ll.is_special_token(i):
+                single[b[0]] = i
+        self.eos = int(ll.eos_token)
+        self.closers = [int(t) for t in closers if int(t) != self.eos]
+        self.bytes_first = [single[c] for c in PREFERENCE if c in single]
+        self.bytes_opened = {
+            opener: [single[c] for c in (bytes([closer]) + PREFERENCE) if c in single]
+            for opener, closer in ((ord("["), ord("]")), (ord("{"), ord("}")))
+        }
+        self.ll = ll
+
+    def order(self, last_byte: int | None) -> list[int]:
+        by_bytes = self.bytes_opened.get(last_byte, self.bytes_first) if last_byte else None
+        return [self.eos, *self.closers, *(by_bytes or self.bytes_first)]
+
+
+def shortest_closing(matcher: Any, vocab: ClosingVocab, limit: int) -> list[int] | None:
+    """Token ids that take ``matcher`` (an ``llguidance.LLMatcher``, left untouched) to its
+    end, the end token included; None when no way within ``limit`` steps was found."""
+    walk = matcher.deep_copy()
+    path: list[int] = []
+    text = bytearray()
+    for _ in range(limit):
+        if walk.is_stopped():  # nothing but the end token may follow
+            return _tokenized(matcher, vocab, bytes(text), [*path, vocab.eos])
+        forced = walk.compute_ff_bytes()
+        if forced:
+            ids = vocab.ll.tokenize_bytes(forced)
+            if ids and walk.try_consume_tokens(ids) == len(ids):
+                path += ids
+                text += forced
+                continue
+        for token in vocab.order(text[-1] if text else None):
+            if walk.validate_tokens([token]) == 1:
+                walk.consume_token(token)
+                path.append(token)
+                if token == vocab.eos:
+                    return _tokenized(matcher, vocab, bytes(text), path)
+                text += vocab.ll.decode_bytes([token])
+                break
+        else:
+            return None
+    return None
+
+
+def _tokenized(matcher: Any, vocab: ClosingVocab, text: bytes, walked: list[int]) -> list[int]:
+    """The walk's bytes in the tokenizer's own tokens, when the grammar takes them (with the
+    special tokens the walk used in their places, only plain text can be re-tokenized)."""
+    if any(t in vocab.closers for t in walked) or not text:
+        return walked
+    ids = [*vocab.ll.tokenize_bytes(text), vocab.eos]
+    if len(ids) < len(walked) and matcher.validate_tokens(ids) == len(ids):
+        return ids
+    return walked
