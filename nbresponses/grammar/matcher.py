@@ -167,9 +167,7 @@ class Grammar:
         if self.guard.on:
             tok = self.tokenizer
             after = self.guard.after.encode() if self.guard.after is not None else None
-            guard = RepetitionGuard(
-                tok.tokens, tok.by_bytes, tok.with_comma, tok.with_quote, start=after
-            )
+            guard = RepetitionGuard(tok.tokens, tok.with_comma, tok.with_quote, start=after)
         return Matcher(self.tokenizer, self.text, guard)
 
     __call__ = matcher  # a ConstraintFactory

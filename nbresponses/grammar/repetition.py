@@ -13,7 +13,10 @@ default that a request turns off with ``repetition_guard: false``:
   at its level are banned), so the model closes it;
 - **a string that loops ends**: once the text inside a string ends with ``COPIES`` copies of one
   period (at most ``MAX_PERIOD`` bytes, the run at least ``MIN_BYTES``), only tokens that close
-  the string are allowed. Outside strings, the token that would continue such a loop is banned.
+  the string are allowed.
+
+Numbers are left alone (``[0, 0, 0, ...]`` is often meant); a list of them, like any answer that
+does not loop exactly, is ended in time by budget-aware closing (``tokens/closing.py``).
 
 A ban never empties the mask: where it would, nothing is banned (budget-aware closing still
 ends the answer in time). The guard depends only on the row's own tokens, so a guarded request
@@ -22,7 +25,7 @@ gives the same bits alone and batched; reported logprobs stay the model's (befor
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -54,15 +57,12 @@ class RepetitionGuard:
     def __init__(
         self,
         tokens: Sequence[bytes],
-        by_bytes: Mapping[bytes, Sequence[int]],
         with_comma: Sequence[int],
         with_quote: Sequence[int],
         *,
         start: bytes | None = None,
     ) -> None:
         self._tokens = tokens
-        self._by_bytes = by_bytes
-        self._longest = max((len(b) for b in by_bytes), default=1)
         self._with_comma = with_comma
         self._with_quote = with_quote
         self._pending_start = start  # watch only after this text (the free text before it)
@@ -147,17 +147,9 @@ class RepetitionGuard:
         level = self._repeating_list()
         if level is not None:
             return Ban(banned=[t for t in self._with_comma if self._adds_item(t, level)])
-        period = self._loop_period()
-        if period is None:
-            return Ban()
-        if self._in_string:
+        if self._in_string and self._string_loops():
             return Ban(only=[t for t in self._with_quote if self._closes_string(t)])
-        cycle = bytes(self.text[-period:])
-        ahead = (cycle * (self._longest // period + 1))[: self._longest]
-        out: list[int] = []
-        for end in range(1, len(ahead) + 1):
-            out.extend(self._by_bytes.get(ahead[:end], ()))
-        return Ban(banned=out)
+        return Ban()
 
     def _repeating_list(self) -> int | None:
         """How many levels below the innermost array we are, if that array repeats itself."""
@@ -166,15 +158,14 @@ class RepetitionGuard:
                 return up if node.repeats >= DUPLICATES else None
         return None
 
-    def _loop_period(self) -> int | None:
-        """The shortest period whose run at the end covers ``COPIES`` copies (and
-        ``MIN_BYTES``), within the current string when inside one."""
+    def _string_loops(self) -> bool:
+        """Does the open string end with ``COPIES`` copies of one period (``MIN_BYTES`` at
+        least, all inside the string)?"""
         span = self._run + self._periods  # the run of period L spans run[L] + L bytes
         need = np.maximum(COPIES * self._periods, MIN_BYTES)
-        room = len(self.text) - (self._string_start if self._in_string else 0)
+        room = len(self.text) - self._string_start
         hit = (span >= need) & (self._periods > 0) & (span <= room)
-        found = np.flatnonzero(hit)
-        return int(found[0]) if found.size else None
+        return bool(hit.any())
 
     def _adds_item(self, token: int, depth: int) -> bool:
         """Would ``token`` write a ``,`` at the level of the innermost array (a new item)?

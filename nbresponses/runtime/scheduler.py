@@ -521,9 +521,10 @@ class Scheduler:
         eos = token in self.stop_ids and not params.ignore_eos
         if not forced and (eos or token in params.stop_token_ids):
             reason = "stop"
-            if request.constraint is not None and request.constraint.closed_early:
+            closing = request.constraint.closing if request.constraint is not None else None
+            if closing is not None and closing.closed_early:
                 reason = "length"  # the budget ended the answer (it closed it in time)
-                stats.timings["closing_tokens"] = request.constraint.closed_tokens
+                stats.timings["closing_tokens"] = closing.closed_tokens
         elif (
             len(request.generated) >= params.max_tokens
             or len(request.prompt) + len(request.generated) >= self.context_length

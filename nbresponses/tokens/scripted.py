@@ -6,7 +6,9 @@ It honours the parts of the engine contract a consumer can observe: ``max_tokens
 cancellation (closing the iterator or cancelling the consuming task stops it). A grammar
 (``params.constraint``) is checked as the engine applies it: each scripted token must be one
 the mask allows, else the generation ends with finish "error" naming the token (a script is
-not a model: it cannot pick another token, so a test sees the grammar refuse it).
+not a model: it cannot pick another token, so a test sees the grammar refuse it). Budget-aware
+closing (``tokens/closing.py``) applies as in the engine: when the way to the grammar's end
+fills the tokens left, the source writes that way instead of the script, and ends "length".
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+from nbresponses.tokens.closing import BudgetClosing
 from nbresponses.tokens.contract import (
     FinishReason,
     GenerationStats,
@@ -98,7 +103,8 @@ class ScriptedTokenSource:
     def _logprob(
         self, script: Script, i: int, token: int, params: SamplingParams
     ) -> TokenIdLogprob:
-        value = script.logprobs[i] if script.logprobs is not None else -0.25
+        given = script.logprobs
+        value = given[i] if given is not None and i < len(given) else -0.25
         alts = [a for a in script.alternatives if a != token][: max(params.top_logprobs - 1, 0)]
         top = [(token, value), *((a, value - 1.0 - k) for k, a in enumerate(alts))]
         return TokenIdLogprob(token, value, tuple(top[: params.top_logprobs]))
@@ -111,11 +117,18 @@ class ScriptedTokenSource:
         stops = set(self._eos) | set(params.stop_token_ids)
         finished = False
         constraint = params.constraint() if params.constraint is not None else None
+        closing = BudgetClosing(constraint, params.max_tokens) if constraint is not None else None
+        script_tokens = list(script.token_ids)
         try:
-            for i, token in enumerate(script.token_ids):
-                if script.error is not None and i >= script.error_after:
+            i = 0
+            while True:
+                mask = _mask(constraint, closing) if constraint is not None else None
+                forced = closing.forcing if closing is not None else None
+                failing = script.error is not None and i >= script.error_after
+                if forced is None and (i >= len(script_tokens) or failing):
                     break
-                if constraint is not None and not _allowed(constraint, token):
+                token = forced if forced is not None else script_tokens[i]
+                if mask is not None and not _bit(mask, token):
                     finished = True
                     yield Step(
                         (), finish_reason="error", error=f"the grammar refuses token {token}"
@@ -126,11 +139,14 @@ class ScriptedTokenSource:
                     stats.first_token_time = time.perf_counter()
                 stats.output_tokens += 1
                 lp = (self._logprob(script, i, token, params),) if params.logprobs else None
-                if constraint is not None:
+                i += 1
+                if constraint is not None and closing is not None:
                     constraint.accept(token)
+                    closing.accept(token)
                 if token in stops:
                     finished = True
-                    yield Step((token,), lp, finish_reason="stop")
+                    closed = closing is not None and closing.closed_early
+                    yield Step((token,), lp, finish_reason="length" if closed else "stop")
                     return
                 if stats.output_tokens >= params.max_tokens:
                     finished = True
@@ -149,11 +165,16 @@ class ScriptedTokenSource:
                 self.cancelled += 1
 
 
-def _allowed(constraint: TokenConstraint, token: int) -> bool:
-    import numpy as np
-
-    if not 0 <= token < constraint.vocab_size:
-        return False
+def _mask(constraint: TokenConstraint, closing: BudgetClosing | None) -> np.ndarray:
+    """The next token's mask as the engine computes it (the grammar, then the closing)."""
     mask = np.zeros((constraint.vocab_size + 31) // 32, dtype=np.int32)
     constraint.fill_mask(mask)
+    if closing is not None:
+        closing.narrow(mask)
+    return mask
+
+
+def _bit(mask: np.ndarray, token: int) -> bool:
+    if not 0 <= token < mask.size * 32:
+        return False
     return bool((int(mask[token // 32]) >> (token % 32)) & 1)

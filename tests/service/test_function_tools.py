@@ -51,7 +51,7 @@ def test_function_tool_schema():
 async def test_tool_loop_runs_sync_async_and_failing_tools(tokenizer):
     calls = (
         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'
-        '<tool_call>\n{"name": "slow_add", "arguments": {"a": 2, "b": "3"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "slow_add", "arguments": {"a": 2, "b": 3}}\n</tool_call>\n'
         '<tool_call>\n{"name": "broken", "arguments": {"x": 7}}\n</tool_call>'
     )  # a call to a tool not given cannot be generated: the grammar allows only their names
     client, source = client_for(tokenizer, calls, "Oslo is 21 degrees and 2 + 3 = 5.")
