@@ -77,3 +77,12 @@ def bundled_fp32(cache_dir: Path):
     from nbresponses.models.prepare import prepare_model
 
     return prepare_model(None, "fp32", cache_dir=cache_dir, progress=False)
+
+
+@pytest.fixture(scope="session")
+def grammar_tokenizer(tokenizer):
+    """The bundled tokenizer as the grammar engine sees it (built once: ~1.5 s)."""
+    from nbresponses.families.chat.family import ChatFamily
+
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    return ChatFamily(tokenizer, eos_token_ids=[eos]).grammar_tokenizer()

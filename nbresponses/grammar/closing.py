@@ -17,6 +17,7 @@ another copy, and the end token appended.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -66,12 +67,12 @@ def shortest_closing(matcher: Any, vocab: ClosingVocab, limit: int) -> list[int]
     for _ in range(limit):
         if walk.is_stopped():  # nothing but the end token may follow
             return _tokenized(matcher, vocab, bytes(text), [*path, vocab.eos])
-        forced = walk.compute_ff_bytes()
+        forced = _forced_tokens(walk.compute_ff_bytes(), vocab)
         if forced:
-            ids = vocab.ll.tokenize_bytes(forced)
-            if ids and walk.try_consume_tokens(ids) == len(ids):
-                path += ids
-                text += forced
+            taken = walk.try_consume_tokens(forced)
+            path += forced[:taken]
+            text += vocab.ll.decode_bytes(forced[:taken])
+            if taken:
                 continue
         for token in vocab.order(text[-1] if text else None):
             if walk.validate_tokens([token]) == 1:
@@ -86,10 +87,27 @@ def shortest_closing(matcher: Any, vocab: ClosingVocab, limit: int) -> list[int]
     return None
 
 
+_SPECIAL = re.compile(rb"\xff\[(\d+)\]")  # how llguidance writes a special token in bytes
+
+
+def _forced_tokens(forced: bytes, vocab: ClosingVocab) -> list[int]:
+    """The tokens of forced bytes: text tokenized, special tokens by their ids."""
+    out: list[int] = []
+    at = 0
+    for m in _SPECIAL.finditer(forced):
+        if m.start() > at:
+            out += vocab.ll.tokenize_bytes(forced[at : m.start()])
+        out.append(int(m.group(1)))
+        at = m.end()
+    if at < len(forced):
+        out += vocab.ll.tokenize_bytes(forced[at:])
+    return out
+
+
 def _tokenized(matcher: Any, vocab: ClosingVocab, text: bytes, walked: list[int]) -> list[int]:
     """The walk's bytes in the tokenizer's own tokens, when the grammar takes them (with the
     special tokens the walk used in their places, only plain text can be re-tokenized)."""
-    if any(t in vocab.closers for t in walked) or not text:
+    if not text or any(vocab.ll.is_special_token(t) for t in walked[:-1]):
         return walked
     ids = [*vocab.ll.tokenize_bytes(text), vocab.eos]
     if len(ids) < len(walked) and matcher.validate_tokens(ids) == len(ids):

@@ -663,11 +663,13 @@ async def test_what_cannot_be_enforced_is_a_400(enc: HarmonyEncoding) -> None:
         "type": "json_schema",
         "name": "t",
         "schema": {"type": "object", "properties": {"a": unique}},
+        "strict": True,
     }
     with pytest.raises(openai.BadRequestError) as err:
         await client.responses.create(input="q", text={"format": fmt})
     assert err.value.param == "text.format.schema" and "uniqueItems" in err.value.message
     loose = {**WEATHER, "parameters": {"type": "object", "properties": {"a": unique}}}
+    loose["strict"] = True  # without it: best effort, no 400 (tests/grammar)
     with pytest.raises(openai.BadRequestError) as err:
         await client.responses.create(input="q", tools=[loose])
     assert err.value.param == "tools[0].parameters"

@@ -165,6 +165,7 @@ async def test_the_grammar_refuses_what_the_schema_does_not_allow(tokenizer, kin
 
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_schema_feature_that_cannot_be_enforced_is_a_400(tokenizer, kind):
+    """With strict: true (without it, best effort: the keyword is left out, not refused)."""
     client, source = scripted(tokenizer, ANSWER)
     schema = {
         "type": "object",
@@ -175,7 +176,9 @@ async def test_a_schema_feature_that_cannot_be_enforced_is_a_400(tokenizer, kind
             await target.openai().responses.create(
                 model=MODEL,
                 input="x",
-                text={"format": {"type": "json_schema", "name": "t", "schema": schema}},
+                text={
+                    "format": {"type": "json_schema", "name": "t", "schema": schema, "strict": True}
+                },
             )
         assert err.value.status_code == 400 and err.value.param == "text.format.schema"
         assert "$.properties.tags.uniqueItems" in err.value.message and not source.prompts

@@ -216,7 +216,16 @@ async def test_tool_choice_modes(tokenizer):
         ({"tools": [{"type": "web_search"}]}, "tools[0]", openai.BadRequestError),
         ({"text": {"format": {"type": "xml"}}}, "text.format.type", openai.BadRequestError),
         (
-            {"text": {"format": {"type": "json_schema", "name": "x", "schema": {"not": {}}}}},
+            {
+                "text": {
+                    "format": {
+                        "type": "json_schema",
+                        "name": "x",
+                        "schema": {"not": {}},
+                        "strict": True,
+                    }
+                }
+            },
             "text.format.schema",
             openai.BadRequestError,
         ),
