@@ -24,8 +24,8 @@ from typing import Any
 import llguidance
 
 _CLOSERS = b'"]}'
-_AFTER = (
-    b"0,: {[\n<>/"
+_AFTER = (  # "," before the digits: after "7" the walk moves on instead of writing "7000..."
+    b",0: {[\n<>/"
     + b"nultrefas"
     + b"bcdghijkmopqvwxyz_123456789-.+"
     + b"ABCDEFGHIJKLMNOPQRSTUVWXYZ"

@@ -227,10 +227,15 @@ class Matcher:
         if self._guard is not None and token_id < len(self._tokenizer.tokens):
             self._guard.feed(self._tokenizer.tokens[token_id])
 
-    def closing(self, limit: int) -> list[int] | None:
-        """The tokens that end the grammar from here, the end token included (one token when
-        it may end now); None if no way was found within ``limit`` steps."""
-        return shortest_closing(self._m, self._tokenizer.closing_vocab, limit)
+    def closing(self, limit: int, after: int | None = None) -> list[int] | None:
+        """The tokens that end the grammar from here (after ``after``), the end token included
+        (one token when it may end now); None if no way was found within ``limit`` steps."""
+        matcher = self._m
+        if after is not None:
+            matcher = matcher.deep_copy()
+            if not matcher.consume_token(after) or matcher.is_error():
+                return None
+        return shortest_closing(matcher, self._tokenizer.closing_vocab, limit)
 
     @property
     def error(self) -> str | None:

@@ -7,8 +7,8 @@ walks the token trie), and the scheduler waits for them after it (``Pending.wait
 ``RowConstraint.masked`` then sets every disallowed token's logit to -inf for the choice only:
 the reported logprobs are computed from the unmasked logits (the model's own distribution, before
 the mask), so they are the same floats as for a free row and for ``engine.score`` of the output.
-Budget-aware closing (``tokens/closing.py``) narrows a row's mask to the way to the grammar's
-end once that way is as long as the tokens the row has left; it runs here, on the mask thread.
+Budget-aware closing (``tokens/closing.py``) looks for the way to the grammar's end on the mask
+thread; once that way fills the tokens left, ``admit`` checks each choice against it.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class RowConstraint:
     def fill(self) -> None:
         try:
             self.constraint.fill_mask(self.mask)
-            self.closing.narrow(self.mask)
+            self.closing.check()
         except Exception as exc:  # reported by ``masked``, on the worker thread of the engine
             self.failure = exc
         self.ready = True
@@ -61,6 +61,10 @@ class RowConstraint:
     def masked(self, logits: np.ndarray) -> np.ndarray:
         """The logits with every disallowed token at -inf (for choosing, not for logprobs)."""
         return np.where(self.allowed(logits.shape[-1]), logits, np.float32(-np.inf))
+
+    def admit(self, token_id: int) -> int:
+        """The token to take after choosing ``token_id`` (budget-aware closing may replace it)."""
+        return self.closing.admit(token_id)
 
     def accept(self, token_id: int) -> None:
         self.constraint.accept(token_id)

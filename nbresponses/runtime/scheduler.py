@@ -499,6 +499,7 @@ class Scheduler:
                 token = forced[len(request.generated)]
             elif request.constraint is not None:
                 token = sampling.choose(request.constraint.masked(logits), params, request.rng)
+                token = request.constraint.admit(token)
                 request.constraint.accept(token)
             else:
                 token = sampling.choose(logits, params, request.rng)

@@ -49,9 +49,10 @@ class ClosableConstraint(TokenConstraint, Protocol):
     a structured answer within its token budget (budget-aware closing, ``runtime/constraints``).
     """
 
-    def closing(self, limit: int) -> Sequence[int] | None:
-        """Token ids that reach the grammar's end from here, the end token included (one id
-        when it may end now); None when no way was found within ``limit`` steps."""
+    def closing(self, limit: int, after: int | None = None) -> Sequence[int] | None:
+        """Token ids that reach the grammar's end from here (after the token ``after``, when
+        given), the end token included (one id when it may end now); None when no way was
+        found within ``limit`` steps (or ``after`` is not allowed)."""
         ...
 
 

@@ -7,8 +7,9 @@ cancellation (closing the iterator or cancelling the consuming task stops it). A
 (``params.constraint``) is checked as the engine applies it: each scripted token must be one
 the mask allows, else the generation ends with finish "error" naming the token (a script is
 not a model: it cannot pick another token, so a test sees the grammar refuse it). Budget-aware
-closing (``tokens/closing.py``) applies as in the engine: when the way to the grammar's end
-fills the tokens left, the source writes that way instead of the script, and ends "length".
+closing (``tokens/closing.py``) applies as in the engine: once a scripted token leaves no room
+for the way to the grammar's end, the source writes that way instead of the script, and ends
+"length".
 """
 
 from __future__ import annotations
@@ -123,7 +124,8 @@ class ScriptedTokenSource:
             i = 0
             while True:
                 mask = _mask(constraint, closing) if constraint is not None else None
-                forced = closing.forcing if closing is not None else None
+                # once the closing replaced the script, it writes on to the end
+                forced = closing.forcing if closing is not None and closing.closed_early else None
                 failing = script.error is not None and i >= script.error_after
                 if forced is None and (i >= len(script_tokens) or failing):
                     break
@@ -134,6 +136,8 @@ class ScriptedTokenSource:
                         (), finish_reason="error", error=f"the grammar refuses token {token}"
                     )
                     return
+                if closing is not None:
+                    token = closing.admit(token)
                 await asyncio.sleep(script.delay)
                 if stats.first_token_time is None:
                     stats.first_token_time = time.perf_counter()
@@ -166,11 +170,11 @@ class ScriptedTokenSource:
 
 
 def _mask(constraint: TokenConstraint, closing: BudgetClosing | None) -> np.ndarray:
-    """The next token's mask as the engine computes it (the grammar, then the closing)."""
+    """The next token's mask as the engine computes it (and the closing's look ahead)."""
     mask = np.zeros((constraint.vocab_size + 31) // 32, dtype=np.int32)
     constraint.fill_mask(mask)
     if closing is not None:
-        closing.narrow(mask)
+        closing.check()
     return mask
 
 
