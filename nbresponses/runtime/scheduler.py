@@ -531,7 +531,8 @@ class Scheduler:
             or len(request.prompt) + len(request.generated) >= self.context_length
         ):
             reason = "length"
-        step = Step((token,), logprob, finish_reason=reason)
+        closed = request.constraint is not None and request.constraint.closing.closed_early
+        step = Step((token,), logprob, finish_reason=reason, closed=closed)
         if reason and request.constraint is not None:
             guarded = getattr(request.constraint.constraint, "guarded", 0)
             if guarded:  # tokens chosen while the repetition guard banned a continuation

@@ -237,7 +237,10 @@ class ResponseRun:
                     finish, error = step.finish_reason, step.error
                     break
                 if decoder.stop:
-                    break  # one call was asked for and it is complete
+                    # one call was asked for and it is complete (if the budget closed it, the
+                    # response is cut short all the same)
+                    finish = "length" if step.closed else "stop"
+                    break
         except Exception as exc:  # the engine failed: this response fails, nothing else
             finish, error = "error", f"{type(exc).__name__}: {exc}"
         finally:

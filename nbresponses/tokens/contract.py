@@ -107,6 +107,9 @@ class Step:
     logprobs: tuple[TokenIdLogprob, ...] | None = None
     finish_reason: FinishReason | None = None
     error: str | None = None
+    # budget-aware closing has replaced a choice of this generation (by this step): the budget,
+    # not the model, shapes its end (``tokens/closing.py``)
+    closed: bool = False
 
 
 @dataclass

@@ -147,16 +147,16 @@ class ScriptedTokenSource:
                 if constraint is not None and closing is not None:
                     constraint.accept(token)
                     closing.accept(token)
+                closed = closing is not None and closing.closed_early
                 if token in stops:
                     finished = True
-                    closed = closing is not None and closing.closed_early
-                    yield Step((token,), lp, finish_reason="length" if closed else "stop")
+                    yield Step((token,), lp, "length" if closed else "stop", closed=closed)
                     return
                 if stats.output_tokens >= params.max_tokens:
                     finished = True
-                    yield Step((token,), lp, finish_reason="length")
+                    yield Step((token,), lp, finish_reason="length", closed=closed)
                     return
-                yield Step((token,), lp)
+                yield Step((token,), lp, closed=closed)
             finished = True
             if script.error is not None:
                 if script.raise_error:
