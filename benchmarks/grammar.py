@@ -9,8 +9,9 @@ arrays, strings).
 Part 2 measures what the mask costs the engine's decode loop, on the critical path: the wait
 for the helper thread's masks after the model step, applying the mask to the logits, and
 advancing the matcher (``runtime/constraints.py`` timed from the inside), as a share of decode
-time, at batch 1 (one constrained request) and at 16 concurrent (8 constrained, 8 free). Rounds
-alternate; medians are reported.
+time, at batch 1 (one constrained request; and one whose budget is too short for its answer, so
+budget-aware closing looks for the way to the end and checks the last choices: ``admit``) and at
+16 concurrent (8 constrained, 8 free). Rounds alternate; medians are reported.
 
     python benchmarks/grammar.py --rounds 3
 """
@@ -155,6 +156,7 @@ class Clock:
         self._wait = constraints.Pending.wait
         self._masked = constraints.RowConstraint.masked
         self._accept = constraints.RowConstraint.accept
+        self._admit = constraints.RowConstraint.admit
 
     def __enter__(self) -> Clock:
         clock = self
@@ -172,12 +174,14 @@ class Clock:
         constraints.Pending.wait = timed(self._wait)  # type: ignore[method-assign]
         constraints.RowConstraint.masked = timed(self._masked)  # type: ignore[method-assign]
         constraints.RowConstraint.accept = timed(self._accept)  # type: ignore[method-assign]
+        constraints.RowConstraint.admit = timed(self._admit)  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: object) -> None:
         constraints.Pending.wait = self._wait  # type: ignore[method-assign]
         constraints.RowConstraint.masked = self._masked  # type: ignore[method-assign]
         constraints.RowConstraint.accept = self._accept  # type: ignore[method-assign]
+        constraints.RowConstraint.admit = self._admit  # type: ignore[method-assign]
 
 
 async def _one(engine, prompt, params) -> int:
@@ -203,8 +207,11 @@ async def mask_cost(engine, family, tokenizer, rounds: int, max_tokens: int) -> 
 
     constrained = SamplingParams(max_tokens=max_tokens, temperature=0, constraint=grammar)
     free = SamplingParams(max_tokens=max_tokens, temperature=0)
+    # a budget the answer does not fit: budget-aware closing checks the last choices
+    closed = SamplingParams(max_tokens=48, temperature=0, constraint=grammar)
     cases = {
         "batch 1 (constrained)": [(ids(PROMPT), constrained)],
+        "batch 1 (constrained, closed by a 48-token budget)": [(ids(PROMPT), closed)],
         "16 concurrent (8 constrained, 8 free)": [
             (ids(f"{PROMPT} Number {i}."), constrained if i % 2 == 0 else free) for i in range(16)
         ],
