@@ -33,6 +33,8 @@ _LAZY: dict[str, str] = {
     "function_tool": "nbresponses.service.function_tools",
     "compare": "nbresponses.frames",
     "option_likelihoods": "nbresponses.frames",
+    "words_frame": "nbresponses.frames",
+    "span_surprisal": "nbresponses.frames",
     "history": "nbresponses.service.history",
     "StoreWarning": "nbresponses.service.database",
 }

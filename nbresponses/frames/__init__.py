@@ -10,12 +10,15 @@ from .heatmap import logprobs_heatmap
 from .logprobs import LOGPROBS_COLUMNS, TOP_LOGPROBS_COLUMNS, logprobs_frame, top_logprobs_frame
 from .scoring import compare, option_likelihoods
 from .usage import USAGE_COLUMNS, usage_frame
+from .words import BOUNDARIES, WORDS_COLUMNS, span_surprisal, words_frame
 
 __all__ = [
+    "BOUNDARIES",
     "EVENTS_COLUMNS",
     "LOGPROBS_COLUMNS",
     "TOP_LOGPROBS_COLUMNS",
     "USAGE_COLUMNS",
+    "WORDS_COLUMNS",
     "classification_confidence",
     "compare",
     "events_frame",
@@ -24,6 +27,8 @@ __all__ = [
     "option_likelihoods",
     "perplexity",
     "sequence_logprob",
+    "span_surprisal",
     "top_logprobs_frame",
     "usage_frame",
+    "words_frame",
 ]
