@@ -137,6 +137,7 @@ class Engine:
         chat: bool | None = None,
         top_logprobs: int = 0,
         method: Method = "decode",
+        word_starts: bool = False,
     ) -> Response:
         """The logprob, exact rank, entropy and ``top_logprobs`` alternatives of every given
         token, as a Response (``nbr.logprobs_frame``, ``nbr.show`` and the analyses read it).
@@ -146,10 +147,16 @@ class Engine:
         list of chat messages ending with an assistant turn: that turn. ``method="decode"``
         (default) computes each token as a generation does, so a generated answer scores to
         the very logprobs it streamed; ``"prefill"`` is faster for long texts and corpora.
-        See ``nbresponses.service.scoring``.
+        ``word_starts=True`` adds each position's probability of a word-start token, for
+        ``nbr.words_frame(..., bow_correction=True)``. See ``nbresponses.service.scoring``.
         """
         return await self._scorer().score(
-            text, continuation, chat=chat, top_logprobs=top_logprobs, method=method
+            text,
+            continuation,
+            chat=chat,
+            top_logprobs=top_logprobs,
+            method=method,
+            word_starts=word_starts,
         )
 
     async def choose(
@@ -180,6 +187,7 @@ class Engine:
         method: Method = "decode",
         concurrency: int = 8,
         progress: bool = True,
+        word_starts: bool = False,
     ) -> AsyncIterator[Response]:
         """Score many texts (or ``(prompt, continuation)`` pairs) as an async iterator of
         scorings in input order, ``concurrency`` at a time, with a progress bar;
@@ -191,6 +199,7 @@ class Engine:
             method=method,
             concurrency=concurrency,
             progress=progress,
+            word_starts=word_starts,
         )
 
     async def score_frame(self, texts: Sequence[Any], **options: Any) -> Any:

@@ -24,6 +24,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from nbresponses.traffic.access import field
+
+from ._fold import iter_parts
+from ._inputs import collect
 from .logprobs import logprobs_frame
 
 __all__ = ["BOUNDARIES", "WORDS_COLUMNS", "span_surprisal", "words_frame"]
@@ -121,6 +125,52 @@ def _owners(starts: np.ndarray, ends: np.ndarray, token_starts: np.ndarray) -> n
     return np.minimum(owner, len(ends) - 1)
 
 
+BOW_HINT = (
+    "bow_correction needs each position's word-start probability: pass the scorings (not a "
+    "frame) made with engine.score(..., word_starts=True)"
+)
+
+
+def _word_start_masses(obj: Any) -> dict[tuple[Any, ...], tuple[np.ndarray, float]]:
+    """Per part (response_id, output_index, content_index): log B at each token, and after."""
+    if isinstance(obj, pd.DataFrame):
+        raise ValueError(BOW_HINT)
+    out = {}
+    for part in iter_parts(collect(obj)):
+        values = [field(e, "word_start_logmass") for e in part.entries]
+        after = field(part.entries[-1], "word_start_logmass_after") if part.entries else None
+        if after is None or any(v is None for v in values):
+            raise ValueError(BOW_HINT)
+        key = (part.response_id, part.output_index, part.content_index)
+        out[key] = (np.array(values, dtype=np.float64), float(after))
+    return out
+
+
+def _bow_terms(
+    part: pd.DataFrame, rows: pd.DataFrame, masses: tuple[np.ndarray, float]
+) -> np.ndarray:
+    """log B(after w) - [log B(start of w) when w's first token starts with whitespace]."""
+    at, after = masses
+    n_tokens = len(part)
+    if len(at) != n_tokens:
+        raise ValueError(BOW_HINT)
+    at_next = np.append(at, after)
+    first = rows["first_position"].to_numpy()
+    last = rows["last_position"].to_numpy()
+    own = first >= 0
+    position_to_row = {p: i for i, p in enumerate(part["position"].to_numpy().tolist())}
+    raw = part["bytes"].to_numpy()
+    terms = np.zeros(len(rows))
+    for w in np.flatnonzero(own):
+        i, j = position_to_row[int(first[w])], position_to_row[int(last[w])]
+        starts_word = len(raw[i]) > 0 and raw[i][0] in _WHITESPACE
+        terms[w] = at_next[j + 1] - (at[i] if starts_word else 0.0)
+    return terms
+
+
+_WHITESPACE = frozenset(b" \t\n\r\x0b\x0c")
+
+
 def _part_words(
     part: pd.DataFrame, spans: list[tuple[int, int]], text: str, key: tuple[Any, ...]
 ) -> tuple[pd.DataFrame, np.ndarray]:
@@ -177,18 +227,30 @@ def _word_spans(
 
 
 def _each_part(
-    obj: Any, boundary: Boundary, words: Segmentation
+    obj: Any, boundary: Boundary, words: Segmentation, bow_correction: bool = False
 ) -> list[tuple[pd.DataFrame, pd.DataFrame, np.ndarray]]:
     """(token rows, word rows, token -> word) per part with at least one word."""
     frame = _token_frame(obj)
     parts = _parts(frame)
     pattern = _pattern(boundary)
+    if bow_correction and words is None and boundary != "whitespace":
+        raise ValueError("bow_correction assumes words end at whitespace: boundary='whitespace'")
+    masses = _word_start_masses(obj) if bow_correction else {}
     out = []
     for (key, part), given in zip(parts, _segmentations(words, len(parts)), strict=True):
         text = "".join(part["text"].astype(str))
         spans = _word_spans(text, pattern, given)
         if spans:
             rows, owner = _part_words(part, spans, text, key)
+            if bow_correction:
+                ident = (None if pd.isna(key[0]) else key[0], int(key[1]), int(key[2]))
+                if ident not in masses:
+                    raise ValueError(BOW_HINT)
+                terms = _bow_terms(part, rows, masses[ident])
+                rows["logprob"] = rows["logprob"] + terms
+                rows["surprisal"] = -rows["logprob"]
+                rows["surprisal_bits"] = rows["surprisal"] / math.log(2)
+                rows["bow_correction"] = terms
             out.append((part, rows, owner))
     return out
 
@@ -198,7 +260,11 @@ def _empty_words() -> pd.DataFrame:
 
 
 def words_frame(
-    obj: Any, *, boundary: Boundary = "whitespace", words: Segmentation = None
+    obj: Any,
+    *,
+    boundary: Boundary = "whitespace",
+    words: Segmentation = None,
+    bow_correction: bool = False,
 ) -> pd.DataFrame:
     """One row per word of every output_text part: ``text``, char span, summed ``surprisal``
     (nats; ``surprisal_bits``), ``logprob`` (the sum), ``tokens`` and the ``first_position``
@@ -213,8 +279,14 @@ def words_frame(
     characters between them belong to no word. The token-to-word rule is the module's: every
     token counts for exactly one word, so per part the word sums equal the token sums; a word
     whose edges fall inside a token has ``clean = False``. Parts without any word give no rows.
+
+    ``bow_correction=True``: each word's probability includes that a new word follows it (the
+    module docstring: Pimentel & Meister 2024, minicons' ``bow_correction``); ``logprob`` and
+    the surprisals are then corrected and ``bow_correction`` holds the term added (0 for a word
+    without tokens of its own). Needs scorings made with ``engine.score(...,
+    word_starts=True)``.
     """
-    parts = _each_part(obj, boundary, words)
+    parts = _each_part(obj, boundary, words, bow_correction)
     if not parts:
         return _empty_words()
     out = pd.concat([rows for _, rows, _ in parts], ignore_index=True)

@@ -135,3 +135,38 @@ def test_word_sums_equal_sums_known_by_construction(words: list[str], data: st.D
     right = span_surprisal(_tokens(pieces), k, len(words), unit="word")  # type: ignore[arg-type]
     assert left["tokens"].iloc[0] + right["tokens"].iloc[0] == len(pieces)
     assert math.isclose(math.fsum(expected[:k]), left["logprob"].iloc[0], abs_tol=1e-9)
+
+
+def _with_masses(pieces: list[tuple[str, float]], masses: list[float], after: float) -> object:
+    from openai.types.responses.response_output_text import Logprob
+
+    entries = []
+    for (token, value), mass in zip(pieces, masses, strict=True):
+        entry = {**logprob(token, value).model_dump(), "word_start_logmass": mass}
+        entries.append(entry)
+    entries[-1]["word_start_logmass_after"] = after
+    return response(message([[Logprob.model_validate(e) for e in entries]]))
+
+
+def test_bow_correction_by_hand() -> None:
+    pieces = [("The", -1.0), (" gar", -2.0), ("den", -0.5), (" path", -3.0), ("\n", -0.25)]
+    masses = [-9.0, -0.7, -5.0, -0.2, -0.1]  # log B at each token's position
+    after = -0.05
+    s = _with_masses(pieces, masses, after)
+    out = words_frame(s, bow_correction=True)
+    # The: no division (its token starts no whitespace), times B before " gar"
+    # garden: / B at " gar", times B before " path"; path: / B at " path", times B after the end
+    want_terms = [-0.7, -0.2 - (-0.7), after - (-0.2)]
+    np.testing.assert_allclose(out["bow_correction"], want_terms, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(
+        out["logprob"], np.array([-1.0, -2.5, -3.25]) + want_terms, rtol=0, atol=1e-12
+    )
+    np.testing.assert_allclose(out["surprisal_bits"], -out["logprob"] / np.log(2))
+    # the corrections telescope: the first word divides by nothing, so they sum to log B(end)
+    assert math.isclose(out["bow_correction"].sum(), after, abs_tol=1e-12)
+    with pytest.raises(ValueError, match="word_starts=True"):
+        words_frame(_tokens(pieces), bow_correction=True)
+    with pytest.raises(ValueError, match="word_starts=True"):
+        words_frame(logprobs_frame(s), bow_correction=True)
+    with pytest.raises(ValueError, match="whitespace"):
+        words_frame(s, bow_correction=True, boundary="punctuation")

@@ -170,3 +170,44 @@ def test_option_likelihoods_maths() -> None:
     assert frame.loc["c", "mean_logprob"] == pytest.approx(math.log(0.2))
     assert frame.loc["ab", "prob"] == pytest.approx(0.25 / 0.45)
     assert isinstance(frame, pd.DataFrame)
+
+
+# byte-level BPE spells these leading bytes so: space, \n, \t, \r, \x0b, \x0c
+_BPE_WHITESPACE = "ĠĊĉčċČ"
+
+
+@pytest.mark.parametrize("method", ["decode", "prefill"])
+async def test_word_start_masses_and_bow_correction_match_pytorch(
+    engine, tiny_source, tokenizer, method
+):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    text = "The old man the boat.\nThe horse raced past the barn fell."
+    plain = await engine.score(text, method=method)
+    scored = await engine.score(text, method=method, word_starts=True)
+    # the option adds numbers and changes none: the same logprobs, bit for bit
+    assert _entries(scored) == _entries(plain)
+    entries = scored.output[0].content[0].logprobs
+    got = np.array([e.word_start_logmass for e in entries] + [entries[-1].word_start_logmass_after])
+
+    eos = int(engine.generator.eos_token_ids[0])
+    ids = [eos, *tokenizer.encode(text, add_special_tokens=False), eos]
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_source)).eval()
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), -1)
+    names = tokenizer.convert_ids_to_tokens(list(range(logp.shape[-1])))
+    bow = torch.tensor([bool(t) and t[0] in _BPE_WHITESPACE for t in names])
+    bow[eos] = True
+    want = torch.logsumexp(logp[:, bow], -1).numpy()[: len(ids) - 1]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+    words = nbr.words_frame(scored, bow_correction=True)
+    raw = nbr.words_frame(scored)
+    frame = nbr.logprobs_frame(scored)
+    for w in range(len(words)):
+        first, last = int(raw.first_position[w]), int(raw.last_position[w])
+        leading = frame.text[first][:1].isspace()
+        term = want[last + 1] - (want[first] if leading else 0.0)
+        assert words.logprob[w] == pytest.approx(raw.logprob[w] + term, abs=1e-4)
+    assert words.text.tolist() == text.split()
