@@ -35,6 +35,10 @@ _LAZY: dict[str, str] = {
     "option_likelihoods": "nbresponses.frames",
     "words_frame": "nbresponses.frames",
     "span_surprisal": "nbresponses.frames",
+    "multiple_choice_frame": "nbresponses.frames",
+    "choice_accuracy": "nbresponses.frames",
+    "reliability_table": "nbresponses.frames",
+    "calibration_summary": "nbresponses.frames",
     "history": "nbresponses.service.history",
     "StoreWarning": "nbresponses.service.database",
 }

@@ -166,17 +166,52 @@ class Engine:
         *,
         chat: bool | None = None,
         method: Method = "decode",
+        unconditional: str | None = None,
     ) -> Any:
-        """How likely the model finds each option as the continuation of ``prompt`` (a
-        DataFrame: tokens, summed and mean logprob, probability among the options). The
-        prompt is computed once and shared (prefix cache); the options are scored together."""
-        from nbresponses.frames.scoring import option_likelihoods
+        """How likely the model finds each option as the continuation of ``prompt``: a
+        DataFrame with the summed logprob and its per-token, per-character and per-byte
+        normalisations, each as a probability among the options
+        (``nbresponses.frames.choice``: lm-evaluation-harness's definitions). With
+        ``unconditional`` (a neutral context such as ``""`` or ``"Answer:"``), also each
+        option's logprob after it and the PMI score. The prompt is computed once and shared
+        (prefix cache); the options are scored together."""
+        from nbresponses.service.choice import choose
 
-        scorer = self._scorer()
-        scorings = await asyncio.gather(
-            *(scorer.score(prompt, option, chat=chat, method=method) for option in options)
+        return await choose(
+            self._scorer(), prompt, options, chat=chat, method=method, unconditional=unconditional
         )
-        return option_likelihoods(scorings, options)
+
+    async def choose_many(
+        self,
+        questions: Any,
+        *,
+        question: str = "question",
+        options: str = "options",
+        answer: str | None = "answer",
+        chat: bool | None = None,
+        method: Method = "decode",
+        unconditional: str | None = None,
+        concurrency: int = 4,
+        progress: bool = True,
+    ) -> Any:
+        """``choose`` over a DataFrame of questions (a prompt column, a column of option lists,
+        optionally the answers): one row per (question, option) with every score and
+        ``correct``; ``nbr.choice_accuracy`` of it gives the prediction, probability, accuracy
+        and Brier score per normalisation. ``concurrency`` questions at a time, with a bar."""
+        from nbresponses.service.choice import choose_many
+
+        return await choose_many(
+            self._scorer(),
+            questions,
+            question=question,
+            options=options,
+            answer=answer,
+            chat=chat,
+            method=method,
+            unconditional=unconditional,
+            concurrency=concurrency,
+            progress=progress,
+        )
 
     def score_many(
         self,

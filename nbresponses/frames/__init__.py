@@ -5,6 +5,8 @@ works on traffic from OpenAI, vLLM or this package's engine alike.
 """
 
 from .analysis import classification_confidence, perplexity, sequence_logprob
+from .calibration import calibration_summary, reliability_table
+from .choice import NORMALISATIONS, choice_accuracy, multiple_choice_frame
 from .events import EVENTS_COLUMNS, events_frame
 from .heatmap import logprobs_heatmap
 from .logprobs import LOGPROBS_COLUMNS, TOP_LOGPROBS_COLUMNS, logprobs_frame, top_logprobs_frame
@@ -16,16 +18,21 @@ __all__ = [
     "BOUNDARIES",
     "EVENTS_COLUMNS",
     "LOGPROBS_COLUMNS",
+    "NORMALISATIONS",
     "TOP_LOGPROBS_COLUMNS",
     "USAGE_COLUMNS",
     "WORDS_COLUMNS",
+    "calibration_summary",
+    "choice_accuracy",
     "classification_confidence",
     "compare",
     "events_frame",
     "logprobs_frame",
     "logprobs_heatmap",
+    "multiple_choice_frame",
     "option_likelihoods",
     "perplexity",
+    "reliability_table",
     "sequence_logprob",
     "span_surprisal",
     "top_logprobs_frame",

@@ -1,4 +1,4 @@
-"""Frames over scorings: option likelihoods, and two scorings of one text compared per token.
+"""Two scorings of one text compared per token (and ``option_likelihoods``, now in ``choice``).
 
 Both read logprobs the way ``logprobs_frame`` does, so they take scorings (``Engine.score``)
 and generated Responses alike, from this engine or any other.
@@ -6,42 +6,15 @@ and generated Responses alike, from this engine or any other.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from .choice import option_likelihoods
 from .logprobs import logprobs_frame, top_logprobs_frame
 
 __all__ = ["compare", "option_likelihoods"]
-
-
-def option_likelihoods(scorings: Sequence[Any], options: Sequence[str]) -> pd.DataFrame:
-    """One row per option: tokens, summed and mean logprob, and the probability of each option
-    among them (``prob``: softmax of the summed logprobs; ``prob_mean``: of the means, which
-    does not favour short options). ``scorings[i]`` scores ``options[i]`` as a continuation of
-    the same prompt."""
-    if len(scorings) != len(options):
-        raise ValueError(f"{len(scorings)} scorings for {len(options)} options")
-    rows = []
-    for option, scoring in zip(options, scorings, strict=True):
-        frame = logprobs_frame(scoring)
-        total = float(frame["logprob"].sum())
-        rows.append(
-            {
-                "option": option,
-                "tokens": len(frame),
-                "logprob": total,
-                "mean_logprob": total / len(frame) if len(frame) else float("nan"),
-            }
-        )
-    out = pd.DataFrame(rows).set_index("option")
-    for column, source in (("prob", "logprob"), ("prob_mean", "mean_logprob")):
-        values = out[source].to_numpy(dtype=np.float64)
-        weights = np.exp(values - np.nanmax(values))
-        out[column] = weights / weights.sum()
-    return out
 
 
 def compare(a: Any, b: Any, *, names: tuple[str, str] = ("a", "b")) -> pd.DataFrame:

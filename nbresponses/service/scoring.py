@@ -121,7 +121,9 @@ class Scorer:
         assert isinstance(text, str)
         if continuation is None:
             return Scoring([self._document_start()], self.family.encode(text))
-        return Scoring(self.family.encode(text), self.family.encode(continuation))
+        # an empty context is the end-of-text token alone (lm-evaluation-harness does the same)
+        context = self.family.encode(text) or [self._document_start()]
+        return Scoring(context, self.family.encode(continuation))
 
     def _document_start(self) -> int:
         eos = list(self.source.eos_token_ids)

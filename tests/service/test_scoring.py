@@ -211,3 +211,54 @@ async def test_word_start_masses_and_bow_correction_match_pytorch(
         term = want[last + 1] - (want[first] if leading else 0.0)
         assert words.logprob[w] == pytest.approx(raw.logprob[w] + term, abs=1e-4)
     assert words.text.tolist() == text.split()
+
+
+async def test_choose_normalisations_and_pmi_match_pytorch(engine, tiny_source, tokenizer):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    prompt, options = "The capital of France is", [" Paris", " a city in Europe", " Lyon"]
+    frame = await engine.choose(prompt, options, unconditional="")
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_source)).eval()
+    eos = int(engine.generator.eos_token_ids[0])
+
+    def summed(context: list[int], option: str) -> float:
+        given = tokenizer.encode(option, add_special_tokens=False)
+        ids = torch.tensor([[*context, *given]])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(ids).logits[0].double(), -1)
+        rows = torch.arange(len(context) - 1, len(context) + len(given) - 1)
+        return float(logp[rows, torch.tensor(given)].sum())
+
+    context = tokenizer.encode(prompt, add_special_tokens=False)
+    want = np.array([summed(context, o) for o in options])
+    alone = np.array([summed([eos], o) for o in options])  # lm-eval: empty context = EOT
+    np.testing.assert_allclose(frame["logprob"], want, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(frame["logprob_unconditional"], alone, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(frame["pmi"], want - alone, rtol=1e-5, atol=2e-4)
+    np.testing.assert_allclose(
+        frame["logprob_per_char"], want / [len(o) for o in options], atol=1e-4
+    )
+
+
+async def test_choose_many_equals_choose_per_question(engine):
+    questions = pd.DataFrame(
+        {
+            "question": ["Red or blue?", "Is ice cold?", "2+2="],
+            "options": [[" red", " blue"], [" yes", " no", " maybe"], [" 4", " 5"]],
+            "answer": [" blue", 0, None],
+        },
+        index=pd.Index(["colour", "ice", "sum"], name="id"),
+    )
+    frame = await engine.choose_many(questions, unconditional="Answer:", progress=False)
+    assert frame.index.names == ["id", "option_index"] and len(frame) == 7
+    for key, row in questions.iterrows():
+        alone = await engine.choose(row.question, row.options, unconditional="Answer:")
+        got = frame.loc[key].set_index("option")
+        pd.testing.assert_frame_equal(got.drop(columns="correct"), alone)
+    acc = nbr.choice_accuracy(frame)
+    assert acc.index.tolist() == ["colour", "ice", "sum"]
+    assert {"correct_sum", "correct_per_char", "correct_per_byte", "correct_pmi"} <= set(acc)
+    assert pd.isna(acc.loc["sum", "correct_sum"]) and acc.loc["ice", "answer"] == " yes"
+    with pytest.raises(ValueError, match="no column"):
+        await engine.choose_many(questions.drop(columns="options"), progress=False)
