@@ -131,14 +131,15 @@ class Engine:
 
     async def score(
         self,
-        text: str | Sequence[Any],
+        text: str | Sequence[Any] | Response,
         continuation: str | None = None,
         *,
         chat: bool | None = None,
-        top_logprobs: int = 0,
+        top_logprobs: int | None = None,
         method: Method = "decode",
         word_starts: bool = False,
-    ) -> Response:
+        input: Any = None,
+    ) -> Any:
         """The logprob, exact rank, entropy and ``top_logprobs`` alternatives of every given
         token, as a Response (``nbr.logprobs_frame``, ``nbr.show`` and the analyses read it).
 
@@ -149,14 +150,61 @@ class Engine:
         the very logprobs it streamed; ``"prefill"`` is faster for long texts and corpora.
         ``word_starts=True`` adds each position's probability of a word-start token, for
         ``nbr.words_frame(..., bow_correction=True)``. See ``nbresponses.service.scoring``.
+
+        A generated ``Response`` (or a list of them): its own tokens, read from its logprobs,
+        after the prompt it answered (from this engine's store, or rendered from ``input=``),
+        so the rows line up one to one with ``nbr.logprobs_frame(response)``; ``top_logprobs``
+        defaults to the response's. See ``nbresponses.service.rescore``.
         """
+        if _responses(text):
+            return await self._score_responses(
+                text, continuation, chat, top_logprobs, method, word_starts, input
+            )
+        if input is not None:
+            raise ValueError("input= goes with scoring a Response's own tokens")
         return await self._scorer().score(
-            text,
+            text,  # type: ignore[arg-type]
             continuation,
             chat=chat,
-            top_logprobs=top_logprobs,
+            top_logprobs=top_logprobs or 0,
             method=method,
             word_starts=word_starts,
+        )
+
+    async def _score_responses(
+        self,
+        responses: Any,
+        continuation: str | None,
+        chat: bool | None,
+        top_logprobs: int | None,
+        method: Method,
+        word_starts: bool,
+        input: Any,
+    ) -> Any:
+        from nbresponses.service.rescore import score_response
+
+        if continuation is not None or chat is not None or word_starts:
+            raise ValueError(
+                "a Response is scored on its own tokens and prompt: no continuation, chat or "
+                "word_starts"
+            )
+        scorer, store = self._scorer(), self._client.store
+        if isinstance(responses, Response):
+            return await score_response(
+                scorer, store, responses, input=input, top_logprobs=top_logprobs, method=method
+            )
+        inputs = [None] * len(responses) if input is None else list(input)
+        if len(inputs) != len(responses):
+            raise ValueError(f"{len(inputs)} inputs for {len(responses)} responses")
+        return list(
+            await asyncio.gather(
+                *(
+                    score_response(
+                        scorer, store, r, input=i, top_logprobs=top_logprobs, method=method
+                    )
+                    for r, i in zip(responses, inputs, strict=True)
+                )
+            )
         )
 
     async def choose(
@@ -307,6 +355,13 @@ class Engine:
             for k, v in rows.items()
         )
         return f"<table><caption>nbresponses Engine</caption>{body}</table>"
+
+
+def _responses(obj: Any) -> bool:
+    """A Response, or a non-empty list of them (a list of messages is something else)."""
+    if isinstance(obj, Response):
+        return True
+    return isinstance(obj, list) and bool(obj) and all(isinstance(r, Response) for r in obj)
 
 
 def _provenance(prepared: PreparedModel) -> dict[str, Any]:

@@ -262,3 +262,45 @@ async def test_choose_many_equals_choose_per_question(engine):
     assert pd.isna(acc.loc["sum", "correct_sum"]) and acc.loc["ice", "answer"] == " yes"
     with pytest.raises(ValueError, match="no column"):
         await engine.choose_many(questions.drop(columns="options"), progress=False)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+async def test_scoring_a_response_reproduces_its_stream_bit_for_bit(engine, temperature):
+    answer = await engine.client().responses.create(
+        input="Tell me about the sea.",
+        temperature=temperature,
+        max_output_tokens=24,
+        **LOGPROBS,
+    )
+    scored = await engine.score(answer)
+    got, want = nbr.logprobs_frame(scored), nbr.logprobs_frame(answer)
+    assert len(got) == len(want) and list(got.bytes) == list(want.bytes)
+    assert got.logprob.tolist() == want.logprob.tolist()  # ==: the streamed floats
+    assert _entries(scored) == _entries(answer)  # the top 3 alternatives too
+    assert got["rank"].notna().all() and got["entropy"].notna().all()
+    again = await engine.score(answer, input="Tell me about the sea.")  # the prompt given
+    assert _entries(again) == _entries(answer)
+    both = await engine.score([answer, answer])
+    assert [_entries(s) for s in both] == [_entries(answer)] * 2
+    diff = nbr.compare(answer, scored)
+    assert (diff.dlogprob == 0).all() and len(diff) == len(want)
+    # the text re-encoded: maybe other tokens; compare then refuses instead of mis-joining
+    text = await engine.score("Tell me about the sea.", answer.output_text, chat=True)
+    if list(nbr.logprobs_frame(text).bytes) != list(want.bytes):
+        with pytest.raises(ValueError, match=r"differ at token \d+.*engine.score\(response\)"):
+            nbr.compare(answer, text)
+
+
+async def test_scoring_a_response_says_what_it_needs(engine):
+    bare = await engine.client().responses.create(input="Hi", max_output_tokens=4)
+    with pytest.raises(ValueError, match="logprobs"):
+        await engine.score(bare)
+    unstored = await engine.client().responses.create(
+        input="Hi", max_output_tokens=4, store=False, **LOGPROBS
+    )
+    with pytest.raises(ValueError, match="not in this engine's store"):
+        await engine.score(unstored)
+    with pytest.raises(ValueError, match="rebuilt prompt has"):
+        await engine.score(unstored, input="Hello there, a longer question than before")
+    with pytest.raises(ValueError, match="no continuation"):
+        await engine.score(unstored, "x")
