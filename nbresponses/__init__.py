@@ -39,6 +39,10 @@ _LAZY: dict[str, str] = {
     "choice_accuracy": "nbresponses.frames",
     "reliability_table": "nbresponses.frames",
     "calibration_summary": "nbresponses.frames",
+    "plot_surprisal": "nbresponses.frames",
+    "plot_reliability": "nbresponses.frames",
+    "plot_divergence": "nbresponses.frames",
+    "plot_options": "nbresponses.frames",
     "history": "nbresponses.service.history",
     "StoreWarning": "nbresponses.service.database",
 }

@@ -10,6 +10,7 @@ from .choice import NORMALISATIONS, choice_accuracy, multiple_choice_frame
 from .events import EVENTS_COLUMNS, events_frame
 from .heatmap import logprobs_heatmap
 from .logprobs import LOGPROBS_COLUMNS, TOP_LOGPROBS_COLUMNS, logprobs_frame, top_logprobs_frame
+from .plots import plot_divergence, plot_options, plot_reliability, plot_surprisal
 from .scoring import compare, option_likelihoods
 from .usage import USAGE_COLUMNS, usage_frame
 from .words import BOUNDARIES, WORDS_COLUMNS, span_surprisal, words_frame
@@ -32,6 +33,10 @@ __all__ = [
     "multiple_choice_frame",
     "option_likelihoods",
     "perplexity",
+    "plot_divergence",
+    "plot_options",
+    "plot_reliability",
+    "plot_surprisal",
     "reliability_table",
     "sequence_logprob",
     "span_surprisal",
