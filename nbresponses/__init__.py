@@ -39,6 +39,7 @@ _LAZY: dict[str, str] = {
     "choice_accuracy": "nbresponses.frames",
     "reliability_table": "nbresponses.frames",
     "calibration_summary": "nbresponses.frames",
+    "divergence_summary": "nbresponses.frames",
     "plot_surprisal": "nbresponses.frames",
     "plot_reliability": "nbresponses.frames",
     "plot_divergence": "nbresponses.frames",

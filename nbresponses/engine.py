@@ -261,6 +261,33 @@ class Engine:
             progress=progress,
         )
 
+    async def compare(
+        self,
+        other: Engine,
+        texts: Iterable[str],
+        *,
+        names: tuple[str, str] = ("a", "b"),
+        method: Method = "prefill",
+        chunk: int = 256,
+        progress: bool = True,
+    ) -> Any:
+        """This engine (the base, ``a``) against ``other`` (``b``, e.g. another recipe of the
+        same model) on the same tokens of ``texts``: one row per token with the exact
+        full-vocabulary KL(a ‖ b), Δp of the token, both ranks and whether the top-1 agrees,
+        computed streaming in chunks (never every logit at once), with a progress bar.
+        ``nbr.divergence_summary`` of it is llama.cpp's KL-divergence report."""
+        from nbresponses.service.divergence import compare_engines
+
+        return await compare_engines(
+            self._scorer(),
+            other._scorer(),
+            texts,
+            names=names,
+            method=method,
+            chunk=chunk,
+            progress=progress,
+        )
+
     def score_many(
         self,
         texts: Iterable[Any],

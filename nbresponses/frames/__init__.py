@@ -7,6 +7,7 @@ works on traffic from OpenAI, vLLM or this package's engine alike.
 from .analysis import classification_confidence, perplexity, sequence_logprob
 from .calibration import calibration_summary, reliability_table
 from .choice import NORMALISATIONS, choice_accuracy, multiple_choice_frame
+from .divergence import divergence_summary
 from .events import EVENTS_COLUMNS, events_frame
 from .heatmap import logprobs_heatmap
 from .logprobs import LOGPROBS_COLUMNS, TOP_LOGPROBS_COLUMNS, logprobs_frame, top_logprobs_frame
@@ -27,6 +28,7 @@ __all__ = [
     "choice_accuracy",
     "classification_confidence",
     "compare",
+    "divergence_summary",
     "events_frame",
     "logprobs_frame",
     "logprobs_heatmap",

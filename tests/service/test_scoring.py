@@ -304,3 +304,51 @@ async def test_scoring_a_response_says_what_it_needs(engine):
         await engine.score(unstored, input="Hello there, a longer question than before")
     with pytest.raises(ValueError, match="no continuation"):
         await engine.score(unstored, "x")
+
+
+@pytest.fixture(scope="module")
+def tiny_fused_q4(tiny_source, cache_dir):
+    from nbresponses.models.prepare import prepare_model
+
+    return prepare_model(tiny_source, "fused-q4", cache_dir=cache_dir, progress=False)
+
+
+async def test_full_vocabulary_comparison_matches_torch_kl_div(
+    engine, tiny_fused_q4, tiny_source, tokenizer
+):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    other = Engine(TokenGenerator(tiny_fused_q4, tokenizer=tokenizer), store_path="off")
+    try:
+        texts = ["The sea was calm and the boat was slow.", "One two three four five six."]
+        frame = await engine.compare(other, texts, names=("fp32", "q4"), chunk=5, progress=False)
+        # b's own distributions, from its engine; a's reference from PyTorch fp32
+        eos = int(engine.generator.eos_token_ids[0])
+        model = AutoModelForCausalLM.from_pretrained(str(tiny_source)).eval()
+        for document, text in enumerate(texts):
+            ids = [eos, *tokenizer.encode(text, add_special_tokens=False)]
+            steps = other.generator.score(ids, start=1, distribution=True)
+            q = np.stack([lp.distribution for s in [s async for s in steps] for lp in s.logprobs])
+            with torch.no_grad():
+                p = torch.log_softmax(model(torch.tensor([ids])).logits[0, :-1].double(), -1)
+            want = torch.nn.functional.kl_div(
+                torch.from_numpy(q).double(), p, log_target=True, reduction="none"
+            ).sum(-1)
+            rows = frame[frame.document == document]
+            assert rows.position.tolist() == list(range(len(ids) - 1))
+            np.testing.assert_allclose(rows.kl, want.numpy(), rtol=1e-3, atol=1e-5)
+            assert (rows.kl > 0).any()
+            # the chunked comparison scores exactly what a plain prefill scoring does
+            alone = nbr.logprobs_frame(await engine.score(text, method="prefill"))
+            assert rows.logprob_fp32.tolist() == alone.logprob.tolist()
+            assert rows.rank_fp32.tolist() == alone["rank"].tolist()
+            q4 = nbr.logprobs_frame(await other.score(text, method="prefill"))
+            assert rows.logprob_q4.tolist() == q4.logprob.tolist()
+            np.testing.assert_allclose(rows.dp, np.exp(q4.logprob) - np.exp(alone.logprob))
+        summary = nbr.divergence_summary(frame, names=("fp32", "q4"))
+        assert summary["n"] == len(frame) and summary["kld_mean"] == pytest.approx(frame.kl.mean())
+        same = await engine.compare(engine, texts[:1], progress=False)
+        assert (same.kl == 0).all() and same.argmax_agree.all()
+    finally:
+        await other.aclose()
