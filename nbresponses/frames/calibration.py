@@ -79,8 +79,8 @@ def reliability_table(
 def calibration_summary(
     prob: Any, outcome: Any, *, bins: int = 10, strategy: str = "uniform"
 ) -> pd.Series:
-    """``n``, ``ece`` (expected calibration error: Σ over bins of count/n · |accuracy −
-    confidence|, Guo et al. 2017, with the bins of :func:`reliability_table`), ``mce`` (the
+    """``n``, ``ece`` (expected calibration error: ``Σ over bins of count/n · |accuracy −
+    confidence|``, Guo et al. 2017, with the bins of :func:`reliability_table`), ``mce`` (the
     largest bin gap), ``brier`` (mean (p − outcome)²), ``accuracy`` and ``confidence`` (means),
     and the ``bins`` and ``strategy`` used: the ECE depends on them, so they travel with it."""
     p, y = _inputs(prob, outcome)
