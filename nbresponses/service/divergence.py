@@ -31,12 +31,12 @@ def token_divergence(
 ) -> tuple[float, int, int, bool]:
     """KL(p ‖ q) = Σ p (log p − log q) over the vocabulary (float64), the token's rank under
     each (1 = most likely) and whether both put the same token first."""
-    lp = log_p.astype(np.float64)
-    lq = log_q.astype(np.float64)
-    p = np.exp(lp)
-    with np.errstate(invalid="ignore"):  # 0 · (−inf) where p has no mass: no contribution
-        terms = p * (lp - lq)
-    kl = float(np.sum(terms[p > 0]))
+    p = np.exp(log_p, dtype=np.float64)
+    with np.errstate(invalid="ignore"):  # −inf − −inf where neither has mass
+        diff = np.subtract(log_p, log_q, dtype=np.float64)
+        kl = float(np.dot(p, diff))
+        if not np.isfinite(kl):  # tokens without mass under p add nothing, whatever q says
+            kl = float(np.sum((p * diff)[p > 0]))
     rank_p = 1 + int(np.count_nonzero(log_p > log_p[token]))
     rank_q = 1 + int(np.count_nonzero(log_q > log_q[token]))
     return kl, rank_p, rank_q, int(np.argmax(log_p)) == int(np.argmax(log_q))
