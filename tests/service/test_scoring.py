@@ -352,3 +352,21 @@ async def test_full_vocabulary_comparison_matches_torch_kl_div(
         assert (same.kl == 0).all() and same.argmax_agree.all()
     finally:
         await other.aclose()
+
+
+async def test_a_response_rescored_on_another_recipe_lines_up(engine, tiny_fused_q4, tokenizer):
+    other = Engine(TokenGenerator(tiny_fused_q4, tokenizer=tokenizer))  # the same database file
+    try:
+        question = "Name three colours."
+        answer = await engine.client().responses.create(
+            input=question, temperature=0, max_output_tokens=16, **LOGPROBS
+        )
+        assert engine.client().flush()
+        from_store = await other.score(answer)  # the conversation read from the shared store
+        given = await other.score(answer, input=question)
+        assert _entries(from_store) == _entries(given)
+        rows = nbr.compare(answer, from_store, names=("fp32", "q4"))
+        assert list(rows.token) == list(nbr.logprobs_frame(answer).token.astype(str))
+        assert from_store.model == other.model and (rows.dlogprob != 0).any()
+    finally:
+        await other.aclose()
