@@ -24,10 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from nbresponses.traffic.access import field
-
-from ._fold import iter_parts
-from ._inputs import collect
+from ._bow import bow_terms, word_start_masses
 from .logprobs import logprobs_frame
 
 __all__ = ["BOUNDARIES", "WORDS_COLUMNS", "span_surprisal", "words_frame"]
@@ -125,52 +122,6 @@ def _owners(starts: np.ndarray, ends: np.ndarray, token_starts: np.ndarray) -> n
     return np.minimum(owner, len(ends) - 1)
 
 
-BOW_HINT = (
-    "bow_correction needs each position's word-start probability: pass the scorings (not a "
-    "frame) made with engine.score(..., word_starts=True)"
-)
-
-
-def _word_start_masses(obj: Any) -> dict[tuple[Any, ...], tuple[np.ndarray, float]]:
-    """Per part (response_id, output_index, content_index): log B at each token, and after."""
-    if isinstance(obj, pd.DataFrame):
-        raise ValueError(BOW_HINT)
-    out = {}
-    for part in iter_parts(collect(obj)):
-        values = [field(e, "word_start_logmass") for e in part.entries]
-        after = field(part.entries[-1], "word_start_logmass_after") if part.entries else None
-        if after is None or any(v is None for v in values):
-            raise ValueError(BOW_HINT)
-        key = (part.response_id, part.output_index, part.content_index)
-        out[key] = (np.array(values, dtype=np.float64), float(after))
-    return out
-
-
-def _bow_terms(
-    part: pd.DataFrame, rows: pd.DataFrame, masses: tuple[np.ndarray, float]
-) -> np.ndarray:
-    """log B(after w) - [log B(start of w) when w's first token starts with whitespace]."""
-    at, after = masses
-    n_tokens = len(part)
-    if len(at) != n_tokens:
-        raise ValueError(BOW_HINT)
-    at_next = np.append(at, after)
-    first = rows["first_position"].to_numpy()
-    last = rows["last_position"].to_numpy()
-    own = first >= 0
-    position_to_row = {p: i for i, p in enumerate(part["position"].to_numpy().tolist())}
-    raw = part["bytes"].to_numpy()
-    terms = np.zeros(len(rows))
-    for w in np.flatnonzero(own):
-        i, j = position_to_row[int(first[w])], position_to_row[int(last[w])]
-        starts_word = len(raw[i]) > 0 and raw[i][0] in _WHITESPACE
-        terms[w] = at_next[j + 1] - (at[i] if starts_word else 0.0)
-    return terms
-
-
-_WHITESPACE = frozenset(b" \t\n\r\x0b\x0c")
-
-
 def _part_words(
     part: pd.DataFrame, spans: list[tuple[int, int]], text: str, key: tuple[Any, ...]
 ) -> tuple[pd.DataFrame, np.ndarray]:
@@ -235,7 +186,7 @@ def _each_part(
     pattern = _pattern(boundary)
     if bow_correction and words is None and boundary != "whitespace":
         raise ValueError("bow_correction assumes words end at whitespace: boundary='whitespace'")
-    masses = _word_start_masses(obj) if bow_correction else {}
+    masses = word_start_masses(obj) if bow_correction else {}
     out = []
     for (key, part), given in zip(parts, _segmentations(words, len(parts)), strict=True):
         text = "".join(part["text"].astype(str))
@@ -244,9 +195,7 @@ def _each_part(
             rows, owner = _part_words(part, spans, text, key)
             if bow_correction:
                 ident = (None if pd.isna(key[0]) else key[0], int(key[1]), int(key[2]))
-                if ident not in masses:
-                    raise ValueError(BOW_HINT)
-                terms = _bow_terms(part, rows, masses[ident])
+                terms = bow_terms(part, rows, masses.get(ident))
                 rows["logprob"] = rows["logprob"] + terms
                 rows["surprisal"] = -rows["logprob"]
                 rows["surprisal_bits"] = rows["surprisal"] / math.log(2)
