@@ -18,7 +18,7 @@ from nbresponses.traffic.access import field
 from ._fold import iter_parts
 from ._inputs import collect
 
-__all__ = ["BOW_HINT", "bow_terms", "word_start_masses"]
+__all__ = ["BOW_HINT", "bow_terms", "span_term", "word_start_masses"]
 
 #: a token whose bytes begin with one of these starts a word (as service/word_starts.py counts)
 _WHITESPACE = frozenset(b" \t\n\r\x0b\x0c")
@@ -44,26 +44,29 @@ def word_start_masses(obj: Any) -> dict[tuple[Any, ...], tuple[np.ndarray, float
     return out
 
 
+def span_term(part: pd.DataFrame, masses: tuple[np.ndarray, float] | None, i: int, j: int) -> float:
+    """log B(after token j) - [log B(at token i) when token i starts with whitespace]: the term
+    for a word or span made of the part's rows i..j (rows by position)."""
+    if masses is None or len(masses[0]) != len(part):
+        raise ValueError(BOW_HINT)
+    at, after = masses
+    raw = part["bytes"].iat[i]
+    starts_word = len(raw) > 0 and raw[0] in _WHITESPACE
+    following = at[j + 1] if j + 1 < len(at) else after
+    return float(following - (at[i] if starts_word else 0.0))
+
+
 def bow_terms(
     part: pd.DataFrame, rows: pd.DataFrame, masses: tuple[np.ndarray, float] | None
 ) -> np.ndarray:
-    """log B(after w) - [log B(start of w) when w's first token starts with whitespace], per
-    word row of one part (``masses``: that part's, from :func:`word_start_masses`)."""
-    if masses is None:
+    """:func:`span_term` per word row of one part (0 for a word without tokens of its own);
+    ``masses``: that part's, from :func:`word_start_masses`."""
+    if masses is None or len(masses[0]) != len(part):
         raise ValueError(BOW_HINT)
-    at, after = masses
-    n_tokens = len(part)
-    if len(at) != n_tokens:
-        raise ValueError(BOW_HINT)
-    at_next = np.append(at, after)
     first = rows["first_position"].to_numpy()
     last = rows["last_position"].to_numpy()
-    own = first >= 0
-    position_to_row = {p: i for i, p in enumerate(part["position"].to_numpy().tolist())}
-    raw = part["bytes"].to_numpy()
+    row_of = {p: i for i, p in enumerate(part["position"].to_numpy().tolist())}
     terms = np.zeros(len(rows))
-    for w in np.flatnonzero(own):
-        i, j = position_to_row[int(first[w])], position_to_row[int(last[w])]
-        starts_word = len(raw[i]) > 0 and raw[i][0] in _WHITESPACE
-        terms[w] = at_next[j + 1] - (at[i] if starts_word else 0.0)
+    for w in np.flatnonzero(first >= 0):
+        terms[w] = span_term(part, masses, row_of[int(first[w])], row_of[int(last[w])])
     return terms

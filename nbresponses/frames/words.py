@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ._bow import bow_terms, word_start_masses
+from ._bow import bow_terms, span_term, word_start_masses
 from .logprobs import logprobs_frame
 
 __all__ = ["BOUNDARIES", "WORDS_COLUMNS", "span_surprisal", "words_frame"]
@@ -194,14 +194,18 @@ def _each_part(
         if spans:
             rows, owner = _part_words(part, spans, text, key)
             if bow_correction:
-                ident = (None if pd.isna(key[0]) else key[0], int(key[1]), int(key[2]))
-                terms = bow_terms(part, rows, masses.get(ident))
+                terms = bow_terms(part, rows, masses.get(_ident(key)))
                 rows["logprob"] = rows["logprob"] + terms
                 rows["surprisal"] = -rows["logprob"]
                 rows["surprisal_bits"] = rows["surprisal"] / math.log(2)
                 rows["bow_correction"] = terms
             out.append((part, rows, owner))
     return out
+
+
+def _ident(key: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A part's (response_id, output_index, content_index) as the parts of a Response name it."""
+    return (None if pd.isna(key[0]) else str(key[0]), int(key[1]), int(key[2]))
 
 
 def _empty_words() -> pd.DataFrame:
@@ -251,6 +255,7 @@ def span_surprisal(
     unit: str = "char",
     boundary: Boundary = "whitespace",
     words: Segmentation = None,
+    bow_correction: bool = False,
 ) -> pd.DataFrame:
     """The surprisal of a slice of each part's text: chars ``[start, stop)`` (``unit="char"``)
     or words ``[start, stop)`` (``unit="word"``, numbered as in :func:`words_frame`).
@@ -260,10 +265,14 @@ def span_surprisal(
     slice when the char it is counted at lies inside it: its first char, moved into the word
     it belongs to (the module's rule; a leading space counts at its word's first char). So a
     word slice sums exactly its words' rows and adjacent slices never count a token twice.
-    Negative indices count from the end.
+    Negative indices count from the end. ``bow_correction=True`` applies the module's
+    correction to the span as to one word (scorings made with ``word_starts=True``).
     """
     if unit not in ("char", "word"):
         raise ValueError("unit must be 'char' or 'word'")
+    if bow_correction and words is None and boundary != "whitespace":
+        raise ValueError("bow_correction assumes words end at whitespace: boundary='whitespace'")
+    masses = word_start_masses(obj) if bow_correction else {}
     rows = []
     for part, word_rows, owner in _each_part(obj, boundary, words):
         text = "".join(part["text"].astype(str))
@@ -281,6 +290,10 @@ def span_surprisal(
         inside = (anchors >= lo) & (anchors < hi)
         logprob = float(part["logprob"].to_numpy(dtype=np.float64)[inside].sum())
         positions = part["position"].to_numpy()[inside]
+        if bow_correction and inside.any():
+            ident = _ident(tuple(word_rows[_PART].iloc[0]))
+            rows_inside = np.flatnonzero(inside)
+            logprob += span_term(part, masses.get(ident), rows_inside[0], rows_inside[-1])
         rows.append(
             {
                 "text": text[lo:hi],

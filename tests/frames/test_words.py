@@ -164,6 +164,14 @@ def test_bow_correction_by_hand() -> None:
     np.testing.assert_allclose(out["surprisal_bits"], -out["logprob"] / np.log(2))
     # the corrections telescope: the first word divides by nothing, so they sum to log B(end)
     assert math.isclose(out["bow_correction"].sum(), after, abs_tol=1e-12)
+    # a span is corrected as one word: log B after its end, over log B at its start
+    span = span_surprisal(s, 1, 3, unit="word", bow_correction=True)
+    assert span["logprob"].iloc[0] == pytest.approx(-2.5 - 3.25 + after - (-0.7), abs=1e-12)
+    assert span["logprob"].iloc[0] == pytest.approx(out["logprob"].iloc[1:].sum(), abs=1e-12)
+    first = span_surprisal(s, 0, 1, unit="word", bow_correction=True)
+    assert first["logprob"].iloc[0] == pytest.approx(out["logprob"].iloc[0], abs=1e-12)
+    with pytest.raises(ValueError, match="word_starts=True"):
+        span_surprisal(_tokens(pieces), 0, 1, bow_correction=True)
     with pytest.raises(ValueError, match="word_starts=True"):
         words_frame(_tokens(pieces), bow_correction=True)
     with pytest.raises(ValueError, match="word_starts=True"):
