@@ -370,3 +370,21 @@ async def test_a_response_rescored_on_another_recipe_lines_up(engine, tiny_fused
         assert from_store.model == other.model and (rows.dlogprob != 0).any()
     finally:
         await other.aclose()
+
+
+async def test_scoring_a_later_turn_rebuilds_its_conversation(engine):
+    client = engine.client()
+    first = await client.responses.create(
+        input="Name a fruit.", instructions="Answer briefly.", max_output_tokens=8, **LOGPROBS
+    )
+    second = await client.responses.create(
+        input="And a vegetable?",
+        instructions="Answer briefly.",
+        previous_response_id=first.id,
+        temperature=0,
+        max_output_tokens=8,
+        **LOGPROBS,
+    )
+    scored = await engine.score(second)
+    assert _entries(scored) == _entries(second)
+    assert scored.usage.input_tokens == second.usage.input_tokens
