@@ -119,8 +119,8 @@ def multiple_choice_frame(
 
 
 def _answer_index(answer: Any, options: Sequence[str]) -> int | None:
-    if answer is None or (isinstance(answer, float) and np.isnan(answer)):
-        return None
+    if answer is None or (np.ndim(answer) == 0 and bool(pd.isna(answer))):
+        return None  # None, NaN, pd.NA: unknown
     if isinstance(answer, str):
         if answer not in options:
             raise ValueError(f"answer {answer!r} is not among the options {list(options)}")

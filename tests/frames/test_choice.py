@@ -73,7 +73,7 @@ def test_accuracy_and_brier_per_normalisation() -> None:
     q1 = ([_scoring([(" x", -1.0)]), _scoring([(" y", -1.5)])], [" x", " y"])
     q1_alone = [_scoring([(" x", -0.5)]), _scoring([(" y", -3.0)])]
     frame = multiple_choice_frame(
-        [(*q0, " abcdefghij", None), (*q1, 1, q1_alone), (*q1, None, q1_alone)]
+        [(*q0, " abcdefghij", None), (*q1, 1, q1_alone), (*q1, pd.NA, q1_alone)]
     )
     assert frame.index.names == ["question", "option_index"]
     assert frame["correct"].tolist()[:4] == [False, True, False, True]
