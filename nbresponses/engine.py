@@ -139,7 +139,7 @@ class Engine:
         method: Method = "decode",
         word_starts: bool = False,
         input: Any = None,
-    ) -> Any:
+    ) -> Response | list[Response]:
         """The logprob, exact rank, entropy and ``top_logprobs`` alternatives of every given
         token, as a Response (``nbr.logprobs_frame``, ``nbr.show`` and the analyses read it).
 
@@ -180,7 +180,7 @@ class Engine:
         method: Method,
         word_starts: bool,
         input: Any,
-    ) -> Any:
+    ) -> Response | list[Response]:
         from nbresponses.service.rescore import score_response
 
         if continuation is not None or chat is not None or word_starts:
