@@ -131,13 +131,15 @@ class Engine:
 
     async def score(
         self,
-        text: str | Sequence[Any],
+        text: str | Sequence[Any] | Response,
         continuation: str | None = None,
         *,
         chat: bool | None = None,
-        top_logprobs: int = 0,
+        top_logprobs: int | None = None,
         method: Method = "decode",
-    ) -> Response:
+        word_starts: bool = False,
+        input: Any = None,
+    ) -> Response | list[Response]:
         """The logprob, exact rank, entropy and ``top_logprobs`` alternatives of every given
         token, as a Response (``nbr.logprobs_frame``, ``nbr.show`` and the analyses read it).
 
@@ -146,10 +148,63 @@ class Engine:
         list of chat messages ending with an assistant turn: that turn. ``method="decode"``
         (default) computes each token as a generation does, so a generated answer scores to
         the very logprobs it streamed; ``"prefill"`` is faster for long texts and corpora.
-        See ``nbresponses.service.scoring``.
+        ``word_starts=True`` adds each position's probability of a word-start token, for
+        ``nbr.words_frame(..., bow_correction=True)``. See ``nbresponses.service.scoring``.
+
+        A generated ``Response`` (or a list of them): its own tokens, read from its logprobs,
+        after the prompt it answered (from this engine's store, or rendered from ``input=``),
+        so the rows line up one to one with ``nbr.logprobs_frame(response)``; ``top_logprobs``
+        defaults to the response's. See ``nbresponses.service.rescore``.
         """
+        if _responses(text):
+            return await self._score_responses(
+                text, continuation, chat, top_logprobs, method, word_starts, input
+            )
+        if input is not None:
+            raise ValueError("input= goes with scoring a Response's own tokens")
         return await self._scorer().score(
-            text, continuation, chat=chat, top_logprobs=top_logprobs, method=method
+            text,  # type: ignore[arg-type]
+            continuation,
+            chat=chat,
+            top_logprobs=top_logprobs or 0,
+            method=method,
+            word_starts=word_starts,
+        )
+
+    async def _score_responses(
+        self,
+        responses: Any,
+        continuation: str | None,
+        chat: bool | None,
+        top_logprobs: int | None,
+        method: Method,
+        word_starts: bool,
+        input: Any,
+    ) -> Response | list[Response]:
+        from nbresponses.service.rescore import score_response
+
+        if continuation is not None or chat is not None or word_starts:
+            raise ValueError(
+                "a Response is scored on its own tokens and prompt: no continuation, chat or "
+                "word_starts"
+            )
+        scorer, store = self._scorer(), self._client.store
+        if isinstance(responses, Response):
+            return await score_response(
+                scorer, store, responses, input=input, top_logprobs=top_logprobs, method=method
+            )
+        inputs = [None] * len(responses) if input is None else list(input)
+        if len(inputs) != len(responses):
+            raise ValueError(f"{len(inputs)} inputs for {len(responses)} responses")
+        return list(
+            await asyncio.gather(
+                *(
+                    score_response(
+                        scorer, store, r, input=i, top_logprobs=top_logprobs, method=method
+                    )
+                    for r, i in zip(responses, inputs, strict=True)
+                )
+            )
         )
 
     async def choose(
@@ -159,17 +214,79 @@ class Engine:
         *,
         chat: bool | None = None,
         method: Method = "decode",
+        unconditional: str | None = None,
     ) -> Any:
-        """How likely the model finds each option as the continuation of ``prompt`` (a
-        DataFrame: tokens, summed and mean logprob, probability among the options). The
-        prompt is computed once and shared (prefix cache); the options are scored together."""
-        from nbresponses.frames.scoring import option_likelihoods
+        """How likely the model finds each option as the continuation of ``prompt``: a
+        DataFrame with the summed logprob and its per-token, per-character and per-byte
+        normalisations, each as a probability among the options
+        (``nbresponses.frames.choice``: lm-evaluation-harness's definitions). With
+        ``unconditional`` (a neutral context such as ``""`` or ``"Answer:"``), also each
+        option's logprob after it and the PMI score. The prompt is computed once and shared
+        (prefix cache); the options are scored together."""
+        from nbresponses.service.choice import choose
 
-        scorer = self._scorer()
-        scorings = await asyncio.gather(
-            *(scorer.score(prompt, option, chat=chat, method=method) for option in options)
+        return await choose(
+            self._scorer(), prompt, options, chat=chat, method=method, unconditional=unconditional
         )
-        return option_likelihoods(scorings, options)
+
+    async def choose_many(
+        self,
+        questions: Any,
+        *,
+        question: str = "question",
+        options: str = "options",
+        answer: str | None = "answer",
+        chat: bool | None = None,
+        method: Method = "decode",
+        unconditional: str | None = None,
+        concurrency: int = 4,
+        progress: bool = True,
+    ) -> Any:
+        """``choose`` over a DataFrame of questions (a prompt column, a column of option lists,
+        optionally the answers): one row per (question, option) with every score and
+        ``correct``; ``nbr.choice_accuracy`` of it gives the prediction, probability, accuracy
+        and Brier score per normalisation. ``concurrency`` questions at a time, with a bar."""
+        from nbresponses.service.choice import choose_many
+
+        return await choose_many(
+            self._scorer(),
+            questions,
+            question=question,
+            options=options,
+            answer=answer,
+            chat=chat,
+            method=method,
+            unconditional=unconditional,
+            concurrency=concurrency,
+            progress=progress,
+        )
+
+    async def compare(
+        self,
+        other: Engine,
+        texts: Iterable[str],
+        *,
+        names: tuple[str, str] = ("a", "b"),
+        method: Method = "prefill",
+        chunk: int = 256,
+        progress: bool = True,
+    ) -> Any:
+        """This engine (the base, ``a``) against ``other`` (``b``, e.g. another recipe of the
+        same model) on the same tokens of ``texts``: one row per token with the exact
+        full-vocabulary KL(a ‖ b), Δp of the token, both ranks and whether the top-1 agrees,
+        computed streaming in chunks (never every logit at once), with a progress bar.
+        ``nbr.divergence_summary`` of it is llama.cpp's KL-divergence report."""
+        from nbresponses.service.divergence import compare_engines
+
+        return await compare_engines(
+            self._scorer(),
+            other._scorer(),
+            texts,
+            names=names,
+            method=method,
+            chunk=chunk,
+            progress=progress,
+        )
 
     def score_many(
         self,
@@ -180,6 +297,7 @@ class Engine:
         method: Method = "decode",
         concurrency: int = 8,
         progress: bool = True,
+        word_starts: bool = False,
     ) -> AsyncIterator[Response]:
         """Score many texts (or ``(prompt, continuation)`` pairs) as an async iterator of
         scorings in input order, ``concurrency`` at a time, with a progress bar;
@@ -191,6 +309,7 @@ class Engine:
             method=method,
             concurrency=concurrency,
             progress=progress,
+            word_starts=word_starts,
         )
 
     async def score_frame(self, texts: Sequence[Any], **options: Any) -> Any:
@@ -263,6 +382,13 @@ class Engine:
             for k, v in rows.items()
         )
         return f"<table><caption>nbresponses Engine</caption>{body}</table>"
+
+
+def _responses(obj: Any) -> bool:
+    """A Response, or a non-empty list of them (a list of messages is something else)."""
+    if isinstance(obj, Response):
+        return True
+    return isinstance(obj, list) and bool(obj) and all(isinstance(r, Response) for r in obj)
 
 
 def _provenance(prepared: PreparedModel) -> dict[str, Any]:

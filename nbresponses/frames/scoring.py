@@ -1,4 +1,4 @@
-"""Frames over scorings: option likelihoods, and two scorings of one text compared per token.
+"""Two scorings of one text compared per token (and ``option_likelihoods``, now in ``choice``).
 
 Both read logprobs the way ``logprobs_frame`` does, so they take scorings (``Engine.score``)
 and generated Responses alike, from this engine or any other.
@@ -6,42 +6,15 @@ and generated Responses alike, from this engine or any other.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from .choice import option_likelihoods
 from .logprobs import logprobs_frame, top_logprobs_frame
 
 __all__ = ["compare", "option_likelihoods"]
-
-
-def option_likelihoods(scorings: Sequence[Any], options: Sequence[str]) -> pd.DataFrame:
-    """One row per option: tokens, summed and mean logprob, and the probability of each option
-    among them (``prob``: softmax of the summed logprobs; ``prob_mean``: of the means, which
-    does not favour short options). ``scorings[i]`` scores ``options[i]`` as a continuation of
-    the same prompt."""
-    if len(scorings) != len(options):
-        raise ValueError(f"{len(scorings)} scorings for {len(options)} options")
-    rows = []
-    for option, scoring in zip(options, scorings, strict=True):
-        frame = logprobs_frame(scoring)
-        total = float(frame["logprob"].sum())
-        rows.append(
-            {
-                "option": option,
-                "tokens": len(frame),
-                "logprob": total,
-                "mean_logprob": total / len(frame) if len(frame) else float("nan"),
-            }
-        )
-    out = pd.DataFrame(rows).set_index("option")
-    for column, source in (("prob", "logprob"), ("prob_mean", "mean_logprob")):
-        values = out[source].to_numpy(dtype=np.float64)
-        weights = np.exp(values - np.nanmax(values))
-        out[column] = weights / weights.sum()
-    return out
 
 
 def compare(a: Any, b: Any, *, names: tuple[str, str] = ("a", "b")) -> pd.DataFrame:
@@ -50,20 +23,13 @@ def compare(a: Any, b: Any, *, names: tuple[str, str] = ("a", "b")) -> pd.DataFr
     Columns: ``token``, ``logprob_a`` / ``logprob_b`` and ``dlogprob`` (b - a), ``rank_a`` /
     ``rank_b``, ``argmax_agree`` (both put the same token first), and ``topk_kl``: KL(a || b)
     over the alternatives both returned, each renormalised over them (NaN without shared
-    alternatives; ask for ``top_logprobs`` to get them). Raises ValueError when the token
-    sequences differ (they must be scorings of one text with one tokenizer).
+    alternatives; ask for ``top_logprobs`` to get them). Raises ValueError, saying where,
+    when the token sequences (their bytes) differ: rows are paired by position, so they must
+    be the same tokens (scorings of one text with one tokenizer, or ``engine.score(response)``
+    of a generated answer).
     """
     fa, fb = logprobs_frame(a), logprobs_frame(b)
-    tokens_a, tokens_b = fa["token"].astype(str).to_numpy(), fb["token"].astype(str).to_numpy()
-    if len(fa) != len(fb) or not (tokens_a == tokens_b).all():
-        where = next(
-            (i for i, (x, y) in enumerate(zip(fa["token"], fb["token"], strict=False)) if x != y),
-            min(len(fa), len(fb)),
-        )
-        raise ValueError(
-            f"the two token sequences differ at token {where} ({len(fa)} vs {len(fb)} tokens): "
-            "compare scorings of the same text"
-        )
+    _check_aligned(fa, fb, names)
     x, y = names
     out = pd.DataFrame(
         {
@@ -83,6 +49,27 @@ def compare(a: Any, b: Any, *, names: tuple[str, str] = ("a", "b")) -> pd.DataFr
     ]
     out["topk_kl"] = [_overlap_kl(p, q) for p, q in zip(ta, tb, strict=True)]
     return out
+
+
+def _check_aligned(fa: pd.DataFrame, fb: pd.DataFrame, names: tuple[str, str]) -> None:
+    """Refuse to pair rows of different token sequences (a silent mis-join otherwise)."""
+    bytes_a, bytes_b = list(map(bytes, fa["bytes"])), list(map(bytes, fb["bytes"]))
+    if bytes_a == bytes_b and len(fa) == len(fb):
+        return
+    where = next(
+        (i for i, (x, y) in enumerate(zip(bytes_a, bytes_b, strict=False)) if x != y),
+        min(len(fa), len(fb)),
+    )
+
+    def near(frame: pd.DataFrame) -> str:
+        return repr([str(t) for t in frame["token"].iloc[max(0, where - 2) : where + 2]])
+
+    raise ValueError(
+        f"the two token sequences differ at token {where} ({names[0]}: {len(fa)} tokens, "
+        f"{near(fa)}; {names[1]}: {len(fb)} tokens, {near(fb)}): compare scores the same "
+        "tokens side by side. A generated answer re-encoded from its text can split "
+        "differently: score the Response itself, engine.score(response), to get its own tokens"
+    )
 
 
 def _top_by_token(obj: Any, n: int) -> list[dict[str, float]]:

@@ -229,10 +229,12 @@ class TokenGenerator:
         start: int = 1,
         top_logprobs: int = 0,
         stats: GenerationStats | None = None,
+        distribution: bool = False,
     ) -> GenerationStream:
         """The logprob of every token from ``start`` on, given those before it, computed in
         prefill runs (fast: many tokens per run). Steps carry the scored tokens, each with its
-        logprob, rank, entropy and ``top_logprobs`` alternatives; the last ends "length".
+        logprob, rank, entropy and ``top_logprobs`` alternatives (and with ``distribution``
+        its whole log-softmax); the last ends "length".
 
         A prefill computes a position with another summation order than a decode step does
         (docs/concepts/determinism.md): to reproduce the logprobs of a generation bit for bit,
@@ -250,7 +252,10 @@ class TokenGenerator:
             )
         self._check_ids(tokens)
         params = SamplingParams(
-            max_tokens=len(tokens) - start, temperature=0, top_logprobs=top_logprobs
+            max_tokens=len(tokens) - start,
+            temperature=0,
+            top_logprobs=top_logprobs,
+            distribution=distribution,
         )
         sampling.validate(params)
         return self._submit(tokens, params, stats, score_from=start)

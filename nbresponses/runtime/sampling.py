@@ -129,10 +129,16 @@ def top_k(values: np.ndarray, k: int) -> np.ndarray:
 
 
 def token_logprob(
-    logits: np.ndarray, token_id: int, top: int, *, details: bool = False
+    logits: np.ndarray,
+    token_id: int,
+    top: int,
+    *,
+    details: bool = False,
+    distribution: bool = False,
 ) -> TokenIdLogprob:
     """The chosen token's logprob and the ``top`` best alternatives, from the raw logits; with
-    ``details``, its rank (1 + the number of tokens more likely) and the entropy in nats.
+    ``details``, its rank (1 + the number of tokens more likely) and the entropy in nats; with
+    ``distribution``, a copy of the whole log-softmax (the same float32 values).
 
     The same float32 values as ``log_softmax`` (tests/runtime/test_units.py compares them
     bit for bit), computed in reused buffers."""
@@ -155,4 +161,5 @@ def token_logprob(
         top=alternatives,
         rank=rank,
         entropy=entropy,
+        distribution=logp.copy() if distribution else None,
     )

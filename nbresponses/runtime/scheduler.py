@@ -335,7 +335,11 @@ class Scheduler:
                 last = min(end + 1, len(tokens))
                 scored = [
                     sampling.token_logprob(
-                        logits[p - 1 - begin], tokens[p], params.top_logprobs, details=True
+                        logits[p - 1 - begin],
+                        tokens[p],
+                        params.top_logprobs,
+                        details=True,
+                        distribution=params.distribution,
                     )
                     for p in range(first, last)
                 ]
@@ -504,10 +508,14 @@ class Scheduler:
             else:
                 token = sampling.choose(logits, params, request.rng)
             logprob: tuple[TokenIdLogprob, ...] | None = None
-            if params.logprobs or params.top_logprobs or params.details:
+            if params.logprobs or params.top_logprobs or params.details or params.distribution:
                 logprob = (
                     sampling.token_logprob(
-                        logits, token, params.top_logprobs, details=params.details
+                        logits,
+                        token,
+                        params.top_logprobs,
+                        details=params.details,
+                        distribution=params.distribution,
                     ),
                 )
         except Exception as exc:

@@ -24,11 +24,18 @@ start-of-text to predict the first token from otherwise: lm-evaluation-harness d
 Text longer than the context is scored in windows of the context length (less one): the first
 scores its tokens from the start, each later one the next half-context, conditioned on the
 half-context before it.
+
+With ``word_starts=True`` each entry also carries ``word_start_logmass``: log of the
+probability, at that position, of any token that starts a word (whitespace first, or
+end-of-text), and the last entry ``word_start_logmass_after``, the same after the last token
+(one more step, on an end-of-text token): what ``words_frame(..., bow_correction=True)`` needs
+(``service/word_starts.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
@@ -55,6 +62,8 @@ from nbresponses.tokens.contract import (
     TokenSource,
 )
 from nbresponses.traffic.events import GIVEN_METADATA
+
+from .word_starts import word_start_logmass, word_start_mask
 
 Method = Literal["decode", "prefill"]
 METHODS = ("decode", "prefill")
@@ -112,7 +121,9 @@ class Scorer:
         assert isinstance(text, str)
         if continuation is None:
             return Scoring([self._document_start()], self.family.encode(text))
-        return Scoring(self.family.encode(text), self.family.encode(continuation))
+        # an empty context is the end-of-text token alone (lm-evaluation-harness does the same)
+        context = self.family.encode(text) or [self._document_start()]
+        return Scoring(context, self.family.encode(continuation))
 
     def _document_start(self) -> int:
         eos = list(self.source.eos_token_ids)
@@ -130,14 +141,23 @@ class Scorer:
         chat: bool | None = None,
         top_logprobs: int = 0,
         method: Method = "decode",
+        word_starts: bool = False,
     ) -> Response:
         """A Response whose output text holds the given tokens with their logprobs."""
         return await self.score_tokens(
-            self.prepare(text, continuation, chat=chat), top_logprobs=top_logprobs, method=method
+            self.prepare(text, continuation, chat=chat),
+            top_logprobs=top_logprobs,
+            method=method,
+            word_starts=word_starts,
         )
 
     async def score_tokens(
-        self, job: Scoring, *, top_logprobs: int = 0, method: Method = "decode"
+        self,
+        job: Scoring,
+        *,
+        top_logprobs: int = 0,
+        method: Method = "decode",
+        word_starts: bool = False,
     ) -> Response:
         """Score ``job.given`` after ``job.prompt`` (token ids), as ``score`` does."""
         if method not in METHODS:
@@ -146,17 +166,43 @@ class Scorer:
             raise ValueError("nothing to score: the text has no tokens")
         started = time.time()
         logprobs: list[TokenIdLogprob] = []
+        masses: list[float] = []
+        mask = None
+        if word_starts:  # one more position: the distribution after the last given token
+            eos = self._document_start()
+            job_run = Scoring(job.prompt, [*job.given, eos])
+        else:
+            job_run = job
         cached = 0
-        for prompt, given in self._windows(job):
+        for prompt, given in self._windows(job_run):
             stats = GenerationStats()
-            async for step in self._steps(prompt, given, top_logprobs, method, stats):
+            steps = self._steps(prompt, given, top_logprobs, method, stats, word_starts)
+            async for step in steps:
                 if step.finish_reason in ("error", "cancelled"):
                     raise RuntimeError(f"scoring ended: {step.error or step.finish_reason}")
-                logprobs.extend(step.logprobs or ())
+                for lp in step.logprobs or ():
+                    if word_starts:  # keep one float, never the whole distribution
+                        if lp.distribution is None:
+                            raise ValueError(
+                                f"word_starts=True needs the full distributions, which "
+                                f"{type(self.source).__name__} does not give"
+                            )
+                        if mask is None:
+                            vocab = len(lp.distribution)
+                            eos_ids = self.source.eos_token_ids
+                            mask = word_start_mask(self.family, vocab, eos_ids)
+                        masses.append(word_start_logmass(lp.distribution, mask))
+                        lp = dataclasses.replace(lp, distribution=None)
+                    logprobs.append(lp)
             cached += stats.cached_tokens
-        if len(logprobs) != len(job.given):
-            raise RuntimeError(f"scored {len(logprobs)} of {len(job.given)} tokens")
-        return self._response(job, logprobs, method, started, cached)
+        if len(logprobs) != len(job_run.given):
+            raise RuntimeError(f"scored {len(logprobs)} of {len(job_run.given)} tokens")
+        extras: list[dict[str, float]] | None = None
+        if word_starts:
+            logprobs = logprobs[: len(job.given)]
+            extras = [{"word_start_logmass": m} for m in masses[: len(job.given)]]
+            extras[-1]["word_start_logmass_after"] = masses[-1]
+        return self._response(job, logprobs, method, started, cached, extras)
 
     def _windows(self, job: Scoring) -> Iterable[tuple[list[int], list[int]]]:
         """(context, tokens to score) per window of the context length (less one: a cold
@@ -185,12 +231,21 @@ class Scorer:
         top_logprobs: int,
         method: Method,
         stats: GenerationStats,
+        distribution: bool = False,
     ) -> AsyncIterator[Step]:
         if method == "prefill":
             if not isinstance(self.source, ScoringSource):
                 raise ValueError(
                     f"method='prefill' needs a source that scores in prefill runs; "
                     f"{type(self.source).__name__} does not (use method='decode')"
+                )
+            if distribution:
+                return self.source.score(
+                    [*prompt, *given],
+                    start=len(prompt),
+                    top_logprobs=top_logprobs,
+                    stats=stats,
+                    distribution=True,
                 )
             return self.source.score(
                 [*prompt, *given], start=len(prompt), top_logprobs=top_logprobs, stats=stats
@@ -202,6 +257,7 @@ class Scorer:
             top_logprobs=top_logprobs,
             forced_tokens=tuple(given),
             details=True,
+            distribution=distribution,
         )
         return self.source.generate(prompt, params, stats)
 
@@ -212,9 +268,10 @@ class Scorer:
         method: Method,
         started: float,
         cached: int,
+        extras: list[dict[str, float]] | None = None,
     ) -> Response:
         entries = []
-        for lp in logprobs:
+        for i, lp in enumerate(logprobs):
             given = self.family.token_logprob(lp)
             top = [LogprobTopLogprob(token=t, bytes=b, logprob=v) for t, b, v in given.top]
             entries.append(
@@ -226,6 +283,7 @@ class Scorer:
                         "top_logprobs": top,
                         "rank": lp.rank,
                         "entropy": lp.entropy,
+                        **(extras[i] if extras else {}),
                     }
                 )
             )
@@ -277,6 +335,7 @@ class Scorer:
         method: Method = "decode",
         concurrency: int = 8,
         progress: bool = True,
+        word_starts: bool = False,
     ) -> AsyncIterator[Response]:
         """Score each text (or ``(prompt, continuation)`` pair), ``concurrency`` at a time so
         the engine batches them, and yield the scorings in input order. Memory stays bounded
@@ -295,11 +354,12 @@ class Scorer:
                 item = next(items)
             except StopIteration:
                 return False
+            options: dict[str, Any] = {"chat": chat, "top_logprobs": top_logprobs,
+                                       "method": method, "word_starts": word_starts}  # fmt: skip
             if isinstance(item, tuple):
-                job = self.score(item[0], item[1], chat=chat, top_logprobs=top_logprobs,
-                                 method=method)  # fmt: skip
+                job = self.score(item[0], item[1], **options)
             else:
-                job = self.score(item, chat=chat, top_logprobs=top_logprobs, method=method)
+                job = self.score(item, **options)
             pending.append(asyncio.ensure_future(job))
             return True
 

@@ -78,6 +78,9 @@ class SamplingParams:
     # it early); each step reports what the model gives them, exactly as if it had chosen them.
     forced_tokens: tuple[int, ...] = ()
     details: bool = False  # also the chosen token's rank and the distribution's entropy
+    # also the whole next-token log-softmax (float32, vocabulary-sized): for analyses that
+    # need every token's probability (word-start mass, full-vocabulary KL); costs a copy
+    distribution: bool = False
     # A grammar for the output: a fresh constraint per generation (ignored with forced_tokens).
     constraint: ConstraintFactory | None = field(default=None, compare=False)
 
@@ -91,6 +94,8 @@ class TokenIdLogprob:
     top: tuple[tuple[int, float], ...] = ()
     rank: int | None = None  # 1 = the most likely token (with ``details``)
     entropy: float | None = None  # of the full next-token distribution, nats (with ``details``)
+    # the full log-softmax this token was drawn from (with ``distribution``; a numpy array)
+    distribution: Any = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -181,6 +186,8 @@ class ScoringSource(TokenSource, Protocol):
         start: int = 1,
         top_logprobs: int = 0,
         stats: GenerationStats | None = None,
+        distribution: bool = False,
     ) -> AsyncIterator[Step]:
-        """Logprobs of ``token_ids[start:]``, each given the tokens before it."""
+        """Logprobs of ``token_ids[start:]``, each given the tokens before it (with
+        ``distribution``, each entry also carries its full log-softmax)."""
         ...

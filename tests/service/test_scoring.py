@@ -170,3 +170,221 @@ def test_option_likelihoods_maths() -> None:
     assert frame.loc["c", "mean_logprob"] == pytest.approx(math.log(0.2))
     assert frame.loc["ab", "prob"] == pytest.approx(0.25 / 0.45)
     assert isinstance(frame, pd.DataFrame)
+
+
+# byte-level BPE spells these leading bytes so: space, \n, \t, \r, \x0b, \x0c
+_BPE_WHITESPACE = "ĠĊĉčċČ"
+
+
+@pytest.mark.parametrize("method", ["decode", "prefill"])
+async def test_word_start_masses_and_bow_correction_match_pytorch(
+    engine, tiny_source, tokenizer, method
+):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    text = "The old man the boat.\nThe horse raced past the barn fell."
+    plain = await engine.score(text, method=method)
+    scored = await engine.score(text, method=method, word_starts=True)
+    # the option adds numbers and changes none: the same logprobs, bit for bit
+    assert _entries(scored) == _entries(plain)
+    entries = scored.output[0].content[0].logprobs
+    got = np.array([e.word_start_logmass for e in entries] + [entries[-1].word_start_logmass_after])
+
+    eos = int(engine.generator.eos_token_ids[0])
+    ids = [eos, *tokenizer.encode(text, add_special_tokens=False), eos]
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_source)).eval()
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), -1)
+    names = tokenizer.convert_ids_to_tokens(list(range(logp.shape[-1])))
+    bow = torch.tensor([bool(t) and t[0] in _BPE_WHITESPACE for t in names])
+    bow[eos] = True
+    want = torch.logsumexp(logp[:, bow], -1).numpy()[: len(ids) - 1]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+    words = nbr.words_frame(scored, bow_correction=True)
+    raw = nbr.words_frame(scored)
+    frame = nbr.logprobs_frame(scored)
+    for w in range(len(words)):
+        first, last = int(raw.first_position[w]), int(raw.last_position[w])
+        leading = frame.text[first][:1].isspace()
+        term = want[last + 1] - (want[first] if leading else 0.0)
+        assert words.logprob[w] == pytest.approx(raw.logprob[w] + term, abs=1e-4)
+    assert words.text.tolist() == text.split()
+
+
+async def test_choose_normalisations_and_pmi_match_pytorch(engine, tiny_source, tokenizer):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    prompt, options = "The capital of France is", [" Paris", " a city in Europe", " Lyon"]
+    frame = await engine.choose(prompt, options, unconditional="")
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_source)).eval()
+    eos = int(engine.generator.eos_token_ids[0])
+
+    def summed(context: list[int], option: str) -> float:
+        given = tokenizer.encode(option, add_special_tokens=False)
+        ids = torch.tensor([[*context, *given]])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(ids).logits[0].double(), -1)
+        rows = torch.arange(len(context) - 1, len(context) + len(given) - 1)
+        return float(logp[rows, torch.tensor(given)].sum())
+
+    context = tokenizer.encode(prompt, add_special_tokens=False)
+    want = np.array([summed(context, o) for o in options])
+    alone = np.array([summed([eos], o) for o in options])  # lm-eval: empty context = EOT
+    np.testing.assert_allclose(frame["logprob"], want, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(frame["logprob_unconditional"], alone, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(frame["pmi"], want - alone, rtol=1e-5, atol=2e-4)
+    np.testing.assert_allclose(
+        frame["logprob_per_char"], want / [len(o) for o in options], atol=1e-4
+    )
+
+
+async def test_choose_many_equals_choose_per_question(engine):
+    questions = pd.DataFrame(
+        {
+            "question": ["Red or blue?", "Is ice cold?", "2+2="],
+            "options": [[" red", " blue"], [" yes", " no", " maybe"], [" 4", " 5"]],
+            "answer": [" blue", 0, None],
+        },
+        index=pd.Index(["colour", "ice", "sum"], name="id"),
+    )
+    frame = await engine.choose_many(questions, unconditional="Answer:", progress=False)
+    assert frame.index.names == ["id", "option_index"] and len(frame) == 7
+    for key, row in questions.iterrows():
+        alone = await engine.choose(row.question, row.options, unconditional="Answer:")
+        got = frame.loc[key].set_index("option")
+        pd.testing.assert_frame_equal(got.drop(columns="correct"), alone)
+    acc = nbr.choice_accuracy(frame)
+    assert acc.index.tolist() == ["colour", "ice", "sum"]
+    assert {"correct_sum", "correct_per_char", "correct_per_byte", "correct_pmi"} <= set(acc)
+    assert pd.isna(acc.loc["sum", "correct_sum"]) and acc.loc["ice", "answer"] == " yes"
+    with pytest.raises(ValueError, match="no column"):
+        await engine.choose_many(questions.drop(columns="options"), progress=False)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+async def test_scoring_a_response_reproduces_its_stream_bit_for_bit(engine, temperature):
+    answer = await engine.client().responses.create(
+        input="Tell me about the sea.",
+        temperature=temperature,
+        max_output_tokens=24,
+        **LOGPROBS,
+    )
+    scored = await engine.score(answer)
+    got, want = nbr.logprobs_frame(scored), nbr.logprobs_frame(answer)
+    assert len(got) == len(want) and list(got.bytes) == list(want.bytes)
+    assert got.logprob.tolist() == want.logprob.tolist()  # ==: the streamed floats
+    assert _entries(scored) == _entries(answer)  # the top 3 alternatives too
+    assert got["rank"].notna().all() and got["entropy"].notna().all()
+    again = await engine.score(answer, input="Tell me about the sea.")  # the prompt given
+    assert _entries(again) == _entries(answer)
+    both = await engine.score([answer, answer])
+    assert [_entries(s) for s in both] == [_entries(answer)] * 2
+    diff = nbr.compare(answer, scored)
+    assert (diff.dlogprob == 0).all() and len(diff) == len(want)
+    # the text re-encoded: maybe other tokens; compare then refuses instead of mis-joining
+    text = await engine.score("Tell me about the sea.", answer.output_text, chat=True)
+    if list(nbr.logprobs_frame(text).bytes) != list(want.bytes):
+        with pytest.raises(ValueError, match=r"differ at token \d+.*engine.score\(response\)"):
+            nbr.compare(answer, text)
+
+
+async def test_scoring_a_response_says_what_it_needs(engine):
+    bare = await engine.client().responses.create(input="Hi", max_output_tokens=4)
+    with pytest.raises(ValueError, match="logprobs"):
+        await engine.score(bare)
+    unstored = await engine.client().responses.create(
+        input="Hi", max_output_tokens=4, store=False, **LOGPROBS
+    )
+    with pytest.raises(ValueError, match="not in this engine's store"):
+        await engine.score(unstored)
+    with pytest.raises(ValueError, match="rebuilt prompt has"):
+        await engine.score(unstored, input="Hello there, a longer question than before")
+    with pytest.raises(ValueError, match="no continuation"):
+        await engine.score(unstored, "x")
+
+
+@pytest.fixture(scope="module")
+def tiny_fused_q4(tiny_source, cache_dir):
+    from nbresponses.models.prepare import prepare_model
+
+    return prepare_model(tiny_source, "fused-q4", cache_dir=cache_dir, progress=False)
+
+
+async def test_full_vocabulary_comparison_matches_torch_kl_div(
+    engine, tiny_fused_q4, tiny_source, tokenizer
+):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    other = Engine(TokenGenerator(tiny_fused_q4, tokenizer=tokenizer), store_path="off")
+    try:
+        texts = ["The sea was calm and the boat was slow.", "One two three four five six."]
+        frame = await engine.compare(other, texts, names=("fp32", "q4"), chunk=5, progress=False)
+        # b's own distributions, from its engine; a's reference from PyTorch fp32
+        eos = int(engine.generator.eos_token_ids[0])
+        model = AutoModelForCausalLM.from_pretrained(str(tiny_source)).eval()
+        for document, text in enumerate(texts):
+            ids = [eos, *tokenizer.encode(text, add_special_tokens=False)]
+            steps = other.generator.score(ids, start=1, distribution=True)
+            q = np.stack([lp.distribution for s in [s async for s in steps] for lp in s.logprobs])
+            with torch.no_grad():
+                p = torch.log_softmax(model(torch.tensor([ids])).logits[0, :-1].double(), -1)
+            want = torch.nn.functional.kl_div(
+                torch.from_numpy(q).double(), p, log_target=True, reduction="none"
+            ).sum(-1)
+            rows = frame[frame.document == document]
+            assert rows.position.tolist() == list(range(len(ids) - 1))
+            np.testing.assert_allclose(rows.kl, want.numpy(), rtol=1e-3, atol=1e-5)
+            assert (rows.kl > 0).any()
+            # the chunked comparison scores exactly what a plain prefill scoring does
+            alone = nbr.logprobs_frame(await engine.score(text, method="prefill"))
+            assert rows.logprob_fp32.tolist() == alone.logprob.tolist()
+            assert rows.rank_fp32.tolist() == alone["rank"].tolist()
+            q4 = nbr.logprobs_frame(await other.score(text, method="prefill"))
+            assert rows.logprob_q4.tolist() == q4.logprob.tolist()
+            np.testing.assert_allclose(rows.dp, np.exp(q4.logprob) - np.exp(alone.logprob))
+        summary = nbr.divergence_summary(frame, names=("fp32", "q4"))
+        assert summary["n"] == len(frame) and summary["kld_mean"] == pytest.approx(frame.kl.mean())
+        same = await engine.compare(engine, texts[:1], progress=False)
+        assert (same.kl == 0).all() and same.argmax_agree.all()
+    finally:
+        await other.aclose()
+
+
+async def test_a_response_rescored_on_another_recipe_lines_up(engine, tiny_fused_q4, tokenizer):
+    other = Engine(TokenGenerator(tiny_fused_q4, tokenizer=tokenizer))  # the same database file
+    try:
+        question = "Name three colours."
+        answer = await engine.client().responses.create(
+            input=question, temperature=0, max_output_tokens=16, **LOGPROBS
+        )
+        assert engine.client().flush()
+        from_store = await other.score(answer)  # the conversation read from the shared store
+        given = await other.score(answer, input=question)
+        assert _entries(from_store) == _entries(given)
+        rows = nbr.compare(answer, from_store, names=("fp32", "q4"))
+        assert list(rows.token) == list(nbr.logprobs_frame(answer).token.astype(str))
+        assert from_store.model == other.model and (rows.dlogprob != 0).any()
+    finally:
+        await other.aclose()
+
+
+async def test_scoring_a_later_turn_rebuilds_its_conversation(engine):
+    client = engine.client()
+    first = await client.responses.create(
+        input="Name a fruit.", instructions="Answer briefly.", max_output_tokens=8, **LOGPROBS
+    )
+    second = await client.responses.create(
+        input="And a vegetable?",
+        instructions="Answer briefly.",
+        previous_response_id=first.id,
+        temperature=0,
+        max_output_tokens=8,
+        **LOGPROBS,
+    )
+    scored = await engine.score(second)
+    assert _entries(scored) == _entries(second)
+    assert scored.usage.input_tokens == second.usage.input_tokens
