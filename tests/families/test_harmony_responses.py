@@ -659,17 +659,22 @@ async def test_json_object_and_non_strict_schemas(enc: HarmonyEncoding) -> None:
 async def test_what_cannot_be_enforced_is_a_400(enc: HarmonyEncoding) -> None:
     client, source = make_client(enc, generated(enc, final("{}")))
     unique = {"type": "array", "uniqueItems": True}
+    strict_unique = {  # strict in every way but the keyword the engine cannot enforce
+        "type": "object",
+        "properties": {"a": unique},
+        "required": ["a"],
+        "additionalProperties": False,
+    }
     fmt = {
         "type": "json_schema",
         "name": "t",
-        "schema": {"type": "object", "properties": {"a": unique}},
+        "schema": strict_unique,
         "strict": True,
     }
     with pytest.raises(openai.BadRequestError) as err:
         await client.responses.create(input="q", text={"format": fmt})
     assert err.value.param == "text.format.schema" and "uniqueItems" in err.value.message
-    loose = {**WEATHER, "parameters": {"type": "object", "properties": {"a": unique}}}
-    loose["strict"] = True  # without it: best effort, no 400 (tests/grammar)
+    loose = {**WEATHER, "parameters": strict_unique, "strict": True}  # without strict: no 400
     with pytest.raises(openai.BadRequestError) as err:
         await client.responses.create(input="q", tools=[loose])
     assert err.value.param == "tools[0].parameters"

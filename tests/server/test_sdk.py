@@ -170,6 +170,8 @@ async def test_a_schema_feature_that_cannot_be_enforced_is_a_400(tokenizer, kind
     schema = {
         "type": "object",
         "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
+        "required": ["tags"],
+        "additionalProperties": False,
     }
     with Target(kind, client) as target:
         with pytest.raises(openai.BadRequestError) as err:
