@@ -17,6 +17,7 @@ __version__ = "0.1.0"
 # public name -> module that defines it
 _LAZY: dict[str, str] = {
     "Engine": "nbresponses.engine",
+    "RemoteEngine": "nbresponses.service.remote",
     "prepare_model": "nbresponses.models.prepare",
     "list_models": "nbresponses.models.cache",
     "PreparedModel": "nbresponses.models.prepared",
@@ -39,7 +40,7 @@ _LAZY: dict[str, str] = {
 
 # names that need the engine extra (the rest work in the light install)
 _ENGINE_NAMES = frozenset(
-    {"Engine", "prepare_model", "list_models", "PreparedModel", "function_tool"}
+    {"Engine", "RemoteEngine", "prepare_model", "list_models", "PreparedModel", "function_tool"}
 )
 
 __all__ = ["__version__", *_LAZY]

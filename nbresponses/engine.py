@@ -163,13 +163,7 @@ class Engine:
         """How likely the model finds each option as the continuation of ``prompt`` (a
         DataFrame: tokens, summed and mean logprob, probability among the options). The
         prompt is computed once and shared (prefix cache); the options are scored together."""
-        from nbresponses.frames.scoring import option_likelihoods
-
-        scorer = self._scorer()
-        scorings = await asyncio.gather(
-            *(scorer.score(prompt, option, chat=chat, method=method) for option in options)
-        )
-        return option_likelihoods(scorings, options)
+        return await self._scorer().choose(prompt, options, chat=chat, method=method)
 
     def score_many(
         self,
@@ -196,13 +190,7 @@ class Engine:
     async def score_frame(self, texts: Sequence[Any], **options: Any) -> Any:
         """``score_many`` into one ``logprobs_frame``, with a ``document`` column (the index of
         each token's text in ``texts``)."""
-        from nbresponses.frames import logprobs_frame
-
-        scorings = [s async for s in self.score_many(texts, **options)]
-        ids = {s.id: i for i, s in enumerate(scorings)}
-        frame = logprobs_frame(scorings)
-        frame.insert(0, "document", frame["response_id"].astype(str).map(ids).astype("int64"))
-        return frame
+        return await self._scorer().score_frame(texts, **options)
 
     async def aclose(self) -> None:
         """Stop the decode thread; unfinished requests end as cancelled; the stored responses
