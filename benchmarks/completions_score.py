@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import httpx2
 
@@ -77,15 +78,17 @@ async def main() -> None:
         http = httpx2.AsyncClient(base_url=server.base_url, timeout=600)
         got: dict[str, list[list[float]]] = {}
 
+        def values(scorings: list[Any]) -> list[list[float]]:
+            return [[lp.logprob for lp in s.output[0].content[0].logprobs] for s in scorings]
+
         async def kernel() -> None:
-            scorings = [s async for s in engine.score_many(texts, method="prefill", progress=False)]
-            got["kernel"] = [[lp.logprob for lp in s.output[0].content[0].logprobs] for s in scorings]
+            many = engine.score_many(texts, method="prefill", progress=False)
+            got["kernel"] = values([s async for s in many])
 
         async def remote_engine() -> None:
-            scorings = [s async for s in remote.score_many(texts, progress=False)]
-            got["RemoteEngine"] = [
-                [lp.logprob for lp in s.output[0].content[0].logprobs] for s in scorings
-            ]
+            got["RemoteEngine"] = values(
+                [s async for s in remote.score_many(texts, progress=False)]
+            )
 
         async def lm_eval_body() -> None:
             body = {"model": engine.model, "prompt": documents, "max_tokens": 1, "echo": True,
@@ -108,7 +111,7 @@ async def main() -> None:
         await remote.aclose()
         await http.aclose()
     base = statistics.median(times["in the kernel (score_many, prefill)"][1:])
-    print(f"\n| path | tokens/s | vs in the kernel |\n|---|---|---|")
+    print("\n| path | tokens/s | vs in the kernel |\n|---|---|---|")
     for name, spent in times.items():
         median = statistics.median(spent[1:])
         print(f"| {name} | {tokens / median:.0f} | {base / median:.2f}x |")
