@@ -35,12 +35,21 @@ _LAZY: dict[str, str] = {
     "compare": "nbresponses.frames",
     "option_likelihoods": "nbresponses.frames",
     "history": "nbresponses.service.history",
+    "record": "nbresponses.service.keep",
     "StoreWarning": "nbresponses.service.database",
 }
 
 # names that need the engine extra (the rest work in the light install)
 _ENGINE_NAMES = frozenset(
-    {"Engine", "RemoteEngine", "prepare_model", "list_models", "PreparedModel", "function_tool"}
+    {
+        "Engine",
+        "RemoteEngine",
+        "record",
+        "prepare_model",
+        "list_models",
+        "PreparedModel",
+        "function_tool",
+    }
 )
 
 __all__ = ["__version__", *_LAZY]
