@@ -66,6 +66,8 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(module), name)
     if module == "nbresponses.frames":
         _frames_read_stored_ids()
+    if module == "nbresponses.view":
+        _view_keeps_when_asked()
     globals()[name] = value
     return value
 
@@ -74,6 +76,12 @@ def _frames_read_stored_ids() -> None:
     """Let the frames take response ids and ``history()`` frames (the store's resolver)."""
     with contextlib.suppress(ImportError):  # a light install may lack what the store needs
         importlib.import_module("nbresponses.service.history")
+
+
+def _view_keeps_when_asked() -> None:
+    """Let ``show(stream, record=True)`` keep responses in the history (the store's recorder)."""
+    with contextlib.suppress(ImportError):  # a light install has no store to keep them in
+        importlib.import_module("nbresponses.service.keep")
 
 
 def __dir__() -> list[str]:

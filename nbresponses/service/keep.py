@@ -26,6 +26,7 @@ from nbresponses.service.database import (
 )
 from nbresponses.service.record import Record
 from nbresponses.service.run import ResponseRun
+from nbresponses.traffic.recording import register_recorder
 
 
 def _database(where: Any) -> tuple[ResponseDatabase | None, bool]:
@@ -83,3 +84,10 @@ def record(
     if opened:
         database.close()
     return response.id
+
+
+def _keep_shown(response: Any, base_url: str | None) -> None:
+    record(response, base_url=base_url)
+
+
+register_recorder(_keep_shown)

@@ -288,3 +288,18 @@ def test_wire_format_is_openais(engine):
         # Literal and reads it leniently); that last chunk validates strictly
         assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * 2 + ["length"]
         assert Completion.model_validate(chunks[-1]).object == "text_completion"
+
+
+def test_a_stream_that_fails_after_it_began_says_so_in_band(engine):
+    """Ids outside the vocabulary are found when the prompt reaches the engine: the stream has
+    begun, so the error comes as OpenAI's ``data: {"error": ...}`` frame, then ``[DONE]``."""
+    bad = {"prompt": [[1, 2], [3, 10**7]], "max_tokens": 2, "stream": True}
+    with ThreadedServer(engine.client()) as server, server.http() as http:
+        body = http.post("/v1/completions", json=bad)
+        frames = body.text.split("\n\n")
+        assert frames[-2:] == ["data: [DONE]", ""]
+        errors = [json.loads(f[len("data: ") :]) for f in frames if '"error"' in f]
+        assert len(errors) == 1 and errors[0]["error"]["param"] == "prompt"
+        with pytest.raises(openai.APIError):
+            for _ in server.openai(sync=True).completions.create(model=engine.model, **bad):
+                pass

@@ -38,3 +38,21 @@ def test_a_remote_response_is_kept_with_its_provenance(tokenizer, tmp_path):
     assert not any("sk-secret" in str(value) for value in columns)  # the key is never kept
     with pytest.raises(TypeError):
         nbr.record(3, where=store)
+
+
+async def test_show_keeps_a_remote_stream_only_when_asked(tokenizer, tmp_path, monkeypatch):
+    store = tmp_path / "shown.sqlite3"
+    monkeypatch.setenv("NBRESPONSES_STORE", str(store))
+    client, _ = scripted(tokenizer, "Paris.", "Rome.")
+    with ThreadedServer(client) as server:
+        sdk = server.openai()
+        stream = await sdk.responses.create(model=MODEL, input="France?", stream=True)
+        kept = await nbr.show(stream, record=True).wait()
+        other = await sdk.responses.create(model=MODEL, input="Italy?", stream=True)
+        shown = await nbr.show(other).wait()
+    frame = nbr.history(store)
+    assert list(frame["id"]) == [kept.id] and shown.id != kept.id
+    assert list(frame["output"]) == ["Paris."]
+    with sqlite3.connect(store) as db:
+        (engine,) = db.execute("SELECT engine FROM responses").fetchone()
+    assert json.loads(engine)["host"] == f"127.0.0.1:{server.port}"
