@@ -17,6 +17,7 @@ __version__ = "0.1.0"
 # public name -> module that defines it
 _LAZY: dict[str, str] = {
     "Engine": "nbresponses.engine",
+    "RemoteEngine": "nbresponses.service.remote",
     "prepare_model": "nbresponses.models.prepare",
     "list_models": "nbresponses.models.cache",
     "PreparedModel": "nbresponses.models.prepared",
@@ -45,12 +46,21 @@ _LAZY: dict[str, str] = {
     "plot_divergence": "nbresponses.frames",
     "plot_options": "nbresponses.frames",
     "history": "nbresponses.service.history",
+    "record": "nbresponses.service.keep",
     "StoreWarning": "nbresponses.service.database",
 }
 
 # names that need the engine extra (the rest work in the light install)
 _ENGINE_NAMES = frozenset(
-    {"Engine", "prepare_model", "list_models", "PreparedModel", "function_tool"}
+    {
+        "Engine",
+        "RemoteEngine",
+        "record",
+        "prepare_model",
+        "list_models",
+        "PreparedModel",
+        "function_tool",
+    }
 )
 
 __all__ = ["__version__", *_LAZY]
@@ -67,6 +77,8 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(module), name)
     if module == "nbresponses.frames":
         _frames_read_stored_ids()
+    if module == "nbresponses.view":
+        _view_keeps_when_asked()
     globals()[name] = value
     return value
 
@@ -75,6 +87,12 @@ def _frames_read_stored_ids() -> None:
     """Let the frames take response ids and ``history()`` frames (the store's resolver)."""
     with contextlib.suppress(ImportError):  # a light install may lack what the store needs
         importlib.import_module("nbresponses.service.history")
+
+
+def _view_keeps_when_asked() -> None:
+    """Let ``show(stream, record=True)`` keep responses in the history (the store's recorder)."""
+    with contextlib.suppress(ImportError):  # a light install has no store to keep them in
+        importlib.import_module("nbresponses.service.keep")
 
 
 def __dir__() -> list[str]:

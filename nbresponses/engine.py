@@ -315,13 +315,7 @@ class Engine:
     async def score_frame(self, texts: Sequence[Any], **options: Any) -> Any:
         """``score_many`` into one ``logprobs_frame``, with a ``document`` column (the index of
         each token's text in ``texts``)."""
-        from nbresponses.frames import logprobs_frame
-
-        scorings = [s async for s in self.score_many(texts, **options)]
-        ids = {s.id: i for i, s in enumerate(scorings)}
-        frame = logprobs_frame(scorings)
-        frame.insert(0, "document", frame["response_id"].astype(str).map(ids).astype("int64"))
-        return frame
+        return await self._scorer().score_frame(texts, **options)
 
     async def aclose(self) -> None:
         """Stop the decode thread; unfinished requests end as cancelled; the stored responses

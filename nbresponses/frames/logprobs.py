@@ -135,12 +135,17 @@ def _gather(obj: Any) -> _Tokens:
 
 def _read_details(entries: list[Any]) -> tuple[list[float], list[float]]:
     """Exact rank and entropy per entry: fields nbresponses' scorings add to OpenAI's logprob
-    objects (NaN for entries without them, e.g. any generated answer)."""
-    if not entries or field(entries[0], "entropy") is None:
+    objects (NaN for entries without them, e.g. any generated answer; a remote server's
+    scorings may carry ranks without entropies, as vLLM's prompt logprobs do)."""
+    first = entries[0] if entries else None
+    if first is None or (field(first, "entropy") is None and field(first, "rank") is None):
         return [math.nan] * len(entries), [math.nan] * len(entries)
-    ranks = [float(field(e, "rank", math.nan)) for e in entries]
-    entropies = [float(field(e, "entropy", math.nan)) for e in entries]
-    return ranks, entropies
+
+    def number(entry: Any, name: str) -> float:
+        value = field(entry, name)
+        return math.nan if value is None else float(value)
+
+    return [number(e, "rank") for e in entries], [number(e, "entropy") for e in entries]
 
 
 def _part_columns(data: _Tokens, counts: np.ndarray) -> dict[str, Any]:

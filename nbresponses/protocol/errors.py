@@ -67,3 +67,13 @@ def unsupported(param: str, detail: str = "") -> openai.BadRequestError:
 
 def response_not_found(response_id: str, param: str = "response_id") -> openai.NotFoundError:
     return not_found(f"Response with id '{response_id}' not found.", param=param)
+
+
+def server_error(message: str) -> openai.InternalServerError:
+    """A 500 that says what failed (the engine stopped a generation), not a bare crash."""
+    error = _error(
+        openai.InternalServerError, 500, message, param=None, code="engine_error",
+        type_="server_error",
+    )  # fmt: skip
+    assert isinstance(error, openai.InternalServerError)
+    return error

@@ -25,15 +25,16 @@ from starlette.routing import BaseRoute, Route, Router
 
 from nbresponses.server.errors import HTTPError, from_exception
 from nbresponses.server.loops import BLOCKED, foreign, iterate_on, on_loop
-from nbresponses.server.sse import EventStreamResponse
+from nbresponses.server.sse import DataStreamResponse, EventStreamResponse
 from nbresponses.service.client import AsyncResponsesClient
+from nbresponses.service.completions import CompletionStream
 from nbresponses.service.stream import ResponseEventStream
 
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20
 # SDK keywords that shape the HTTP call itself: never valid inside a JSON body.
 TRANSPORT_KEYS = ("extra_headers", "extra_query", "extra_body", "timeout")
 # An endpoint answers with a Starlette Response or an SSE stream (an ASGI app of its own).
-Answer = Response | EventStreamResponse
+Answer = Response | EventStreamResponse | DataStreamResponse
 Handler = Callable[[Request], Awaitable[Answer]]
 
 
@@ -63,7 +64,7 @@ class ResponsesAPI:
         self.max_body_bytes = max_body_bytes
         self.created = int(time.time())
         self.closing = False
-        self._streams: set[ResponseEventStream] = set()
+        self._streams: set[ResponseEventStream | CompletionStream] = set()
         self._work: set[asyncio.Task[Any]] = set()
         self._background: set[str] = set()
 
@@ -77,6 +78,9 @@ class ResponsesAPI:
             Route("/v1/models", guard(self.models), methods=["GET"]),
             Route("/v1/models/{model:path}", guard(self.model), methods=["GET"]),
             Route("/v1/responses", guard(self.create), methods=["POST"]),
+            Route("/v1/completions", guard(self.complete), methods=["POST"]),
+            Route("/tokenize", guard(self.tokenize), methods=["POST"]),
+            Route("/detokenize", guard(self.detokenize), methods=["POST"]),
             Route("/v1/responses/{response_id}", guard(self.retrieve), methods=["GET"]),
             Route("/v1/responses/{response_id}", guard(self.delete), methods=["DELETE"]),
             Route("/v1/responses/{response_id}/cancel", guard(self.cancel), methods=["POST"]),
@@ -250,6 +254,78 @@ class ResponsesAPI:
         if result.background:
             self._track(result.id)
         return json_model(result)
+
+    async def complete(self, request: Request) -> Answer:
+        """``POST /v1/completions``: the legacy Completions API (``service/completions.py``)."""
+        body = await self._json_body(request)
+        completions = self.client.completions
+        if body.get("stream") is True:
+            stream = await completions.create(**body)
+            assert isinstance(stream, CompletionStream)
+            self._streams.add(stream)
+
+            async def close() -> None:
+                self._streams.discard(stream)
+                await stream.close()
+
+            return DataStreamResponse(stream, close)
+        result = await self._until_done_or_gone(request, completions.create(**body))
+        return result if isinstance(result, Response) else json_model(result)
+
+    async def _until_done_or_gone(self, request: Request, work: Awaitable[Any]) -> Any:
+        """Await ``work``, cancelled if the client leaves first (then a 499 nobody reads)."""
+        task = asyncio.ensure_future(work)
+        self._work.add(task)
+        task.add_done_callback(self._work.discard)
+        watch = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+            if not task.done():
+                task.cancel()
+        if task.cancelled():
+            return Response(status_code=499)
+        return task.result()
+
+    async def tokenize(self, request: Request) -> Response:
+        """``POST /tokenize`` as vLLM serves it: the ids the engine reads for ``prompt`` (no
+        special tokens are added: prompts are given to the engine as they are)."""
+        body = await self._json_body(request)
+        self._check_model(body)
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str):
+            raise HTTPError(400, "'prompt' must be a string.", param="prompt")
+        if body.get("add_special_tokens", False) is not False:
+            raise HTTPError(
+                400,
+                "nbresponses adds no special tokens to a prompt: send "
+                "add_special_tokens=false (or omit it).",
+                param="add_special_tokens",
+                code="unsupported_parameter",
+            )
+        ids = self.client.completions.tokenize(prompt)
+        return JSONResponse(
+            {"count": len(ids), "max_model_len": self.client.source.context_length, "tokens": ids}
+        )
+
+    async def detokenize(self, request: Request) -> Response:
+        """``POST /detokenize`` as vLLM serves it: the text of token ids."""
+        body = await self._json_body(request)
+        self._check_model(body)
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in tokens
+        ):
+            raise HTTPError(400, "'tokens' must be a list of token ids.", param="tokens")
+        return JSONResponse({"prompt": self.client.family.decode(tokens)})
+
+    def _check_model(self, body: dict[str, Any]) -> None:
+        name = body.get("model")
+        if name is not None and name != self.client.model:
+            raise HTTPError(
+                404, f"The model '{name}' does not exist.", param="model", code="model_not_found"
+            )
 
     async def retrieve(self, request: Request) -> Answer:
         response_id = request.path_params["response_id"]

@@ -1,9 +1,11 @@
-"""Server-sent events exactly as OpenAI sends them: ``event: <type>\\ndata: <json>\\n\\n``.
+"""Server-sent events exactly as OpenAI sends them: ``event: <type>\\ndata: <json>\\n\\n``
+for the Responses API, ``data: <json>`` lines ending with ``data: [DONE]`` for Completions.
 
-``EventStreamResponse`` is a small ASGI response rather than Starlette's ``StreamingResponse``
-because it must always run its ``on_close`` (which cancels a non-background generation) when
-the client goes away: it watches ``receive()`` for ``http.disconnect`` and stops at once, even
-while it is waiting for the next token, instead of noticing only at the next send.
+``EventStreamResponse`` and ``DataStreamResponse`` are small ASGI responses rather than
+Starlette's ``StreamingResponse`` because they must always run their ``on_close`` (which
+cancels a non-background generation) when the client goes away: they watch ``receive()`` for
+``http.disconnect`` and stop at once, even while waiting for the next token, instead of
+noticing only at the next send.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from openai.types.responses import ResponseStreamEvent
+from pydantic import BaseModel
 
 from nbresponses.server.errors import describe
 
@@ -57,16 +60,21 @@ async def _disconnected(receive: Receive) -> None:
         pass
 
 
-class EventStreamResponse:
-    """Send ``events`` as SSE; on the end, an error or a disconnect, await ``on_close()``."""
+class SSEResponse:
+    """Send ``frames`` (SSE bytes) and then ``trailer``; a failure after the 200 becomes the
+    frame ``error_frame`` makes of it; on the end, an error or a disconnect, ``on_close()``."""
+
+    trailer = b""
 
     def __init__(
         self,
-        events: AsyncIterator[ResponseStreamEvent],
+        frames: AsyncIterator[bytes],
         on_close: Callable[[], Awaitable[None]],
+        error_frame: Callable[[BaseException], bytes],
     ) -> None:
-        self._events = events
+        self._frames = frames
         self._on_close = on_close
+        self._error_frame = error_frame
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         task = asyncio.current_task()
@@ -81,17 +89,17 @@ class EventStreamResponse:
 
         watcher = asyncio.ensure_future(_disconnected(receive))
         watcher.add_done_callback(client_left)
-        last = -1
         try:
             await send({"type": "http.response.start", "status": 200, "headers": HEADERS})
             try:
-                async for event in self._events:
-                    last = event.sequence_number
-                    await send(_body(encode(event)))
+                async for frame in self._frames:
+                    await send(_body(frame))
             except (asyncio.CancelledError, OSError):
                 raise
             except Exception as exc:  # the stream broke after the 200: say so in-band
-                await send(_body(encode_error(exc, last + 1)))
+                await send(_body(self._error_frame(exc)))
+            if self.trailer:
+                await send(_body(self.trailer))
             watcher.remove_done_callback(client_left)
             await send(_body(b"", more=False))
         except asyncio.CancelledError:
@@ -107,3 +115,46 @@ class EventStreamResponse:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.shield(self._on_close())
+
+
+class EventStreamResponse(SSEResponse):
+    """Send Responses ``events`` as SSE; an error after the 200 is an ``error`` event."""
+
+    def __init__(
+        self,
+        events: AsyncIterator[ResponseStreamEvent],
+        on_close: Callable[[], Awaitable[None]],
+    ) -> None:
+        self._last = -1
+        super().__init__(self._encoded(events), on_close, self._error)
+
+    async def _encoded(self, events: AsyncIterator[ResponseStreamEvent]) -> AsyncIterator[bytes]:
+        async for event in events:
+            self._last = event.sequence_number
+            yield encode(event)
+
+    def _error(self, exc: BaseException) -> bytes:
+        return encode_error(exc, self._last + 1)
+
+
+class DataStreamResponse(SSEResponse):
+    """Chat/legacy Completions streaming as OpenAI sends it: ``data: <json>`` frames without
+    event names, ``data: [DONE]`` at the end, and an error as ``data: {"error": {...}}``."""
+
+    trailer = b"data: [DONE]\n\n"
+
+    def __init__(
+        self, chunks: AsyncIterator[BaseModel], on_close: Callable[[], Awaitable[None]]
+    ) -> None:
+        super().__init__(self._encoded(chunks), on_close, _data_error)
+
+    @staticmethod
+    async def _encoded(chunks: AsyncIterator[BaseModel]) -> AsyncIterator[bytes]:
+        async for chunk in chunks:
+            data = chunk.model_dump_json(warnings=False, by_alias=True)
+            yield b"data: " + data.encode() + b"\n\n"
+
+
+def _data_error(exc: BaseException) -> bytes:
+    _, err = describe(exc)
+    return b"data: " + json.dumps({"error": err}).encode() + b"\n\n"

@@ -4,7 +4,8 @@ neutral context), batched, into the frames of ``nbresponses.frames.choice``.
 The options of one question are submitted together, so they run in one batch and share the
 question's prompt through the prefix cache; several questions run ``concurrency`` at a time.
 The unconditional scorings depend on the option text alone: each distinct option is scored
-after the neutral context once.
+after the neutral context once. Any scorer will do (``ScorerBase``): this kernel's, or a
+server's (``nbr.RemoteEngine``, whose ``method`` None is the server's own way).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pandas as pd
 
 from nbresponses.frames.choice import multiple_choice_frame, option_likelihoods
 
-from .scoring import Method, Scorer
+from .scoring import Method, ScorerBase
 
 __all__ = ["choose", "choose_many"]
 
@@ -25,7 +26,9 @@ __all__ = ["choose", "choose_many"]
 class _Unconditional:
     """Scorings of options after the neutral context, each distinct option once."""
 
-    def __init__(self, scorer: Scorer, context: str, chat: bool | None, method: Method) -> None:
+    def __init__(
+        self, scorer: ScorerBase, context: str, chat: bool | None, method: Method | None
+    ) -> None:
         self.scorer, self.context, self.chat, self.method = scorer, context, chat, method
         self._tasks: dict[str, asyncio.Future[Any]] = {}
 
@@ -39,11 +42,11 @@ class _Unconditional:
 
 
 async def _score_question(
-    scorer: Scorer,
+    scorer: ScorerBase,
     prompt: Any,
     options: Sequence[str],
     chat: bool | None,
-    method: Method,
+    method: Method | None,
     unconditional: _Unconditional | None,
 ) -> tuple[list[Any], list[Any] | None]:
     conditional = asyncio.gather(
@@ -56,12 +59,12 @@ async def _score_question(
 
 
 async def choose(
-    scorer: Scorer,
+    scorer: ScorerBase,
     prompt: Any,
     options: Sequence[str],
     *,
     chat: bool | None = None,
-    method: Method = "decode",
+    method: Method | None = "decode",
     unconditional: str | None = None,
 ) -> pd.DataFrame:
     """``option_likelihoods`` of ``options`` after ``prompt`` (with ``unconditional``: also
@@ -73,14 +76,14 @@ async def choose(
 
 
 async def choose_many(
-    scorer: Scorer,
+    scorer: ScorerBase,
     questions: pd.DataFrame,
     *,
     question: str = "question",
     options: str = "options",
     answer: str | None = "answer",
     chat: bool | None = None,
-    method: Method = "decode",
+    method: Method | None = "decode",
     unconditional: str | None = None,
     concurrency: int = 4,
     progress: bool = True,

@@ -24,6 +24,7 @@ from nbresponses.protocol.errors import bad_request, response_not_found, unsuppo
 from nbresponses.protocol.ids import new_id
 from nbresponses.protocol.items import check_call_outputs
 from nbresponses.protocol.request import CreateRequest, given, parse_create
+from nbresponses.service.completions import AsyncCompletions
 from nbresponses.service.database import RUNNING, StorePath, open_database
 from nbresponses.service.record import Record
 from nbresponses.service.run import Generation, ResponseRun
@@ -33,7 +34,8 @@ from nbresponses.tokens.contract import SamplingParams, Tokenizer, TokenSource
 
 
 class AsyncResponsesClient:
-    """A local stand-in for ``openai.AsyncOpenAI`` with the Responses API only.
+    """A local stand-in for ``openai.AsyncOpenAI``: the Responses API, and the legacy
+    Completions API (``completions.create``) that scoring tools read prompt logprobs from.
 
     ``family`` says how the model reads and writes tokens: "auto" (gpt-oss when ``config`` has
     ``model_type == "gpt_oss"`` or the tokenizer knows harmony's tokens, else the tokenizer's
@@ -74,6 +76,8 @@ class AsyncResponsesClient:
         self.store = ResponseStore(store_max_responses, store_max_bytes, database)
         self.provenance = dict(provenance or {})
         self.responses = AsyncResponses(self)
+        # The legacy Completions API on the same engine (prompt logprobs for scoring tools).
+        self.completions = AsyncCompletions(source, self.family, model=model)
 
     def stats(self) -> dict[str, Any]:
         """The store's fill and the token source's figures (the engine: rows, KV, prefix cache)."""

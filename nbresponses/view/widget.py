@@ -19,6 +19,8 @@ import anywidget
 import traitlets
 from openai.types.responses import Response
 
+from nbresponses.traffic.recording import keep_shown, origin_of
+
 from ._plain import plain
 from .fold import Folder, empty_state
 from .patches import PatchBuffer
@@ -43,9 +45,12 @@ class ResponseView(anywidget.AnyWidget):
         *,
         cancel: Hook | None = None,
         flush_interval: float = 0.05,
+        record: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self._record = record  # keep the finished response in the history (``keep_shown``)
+        self._origin = origin_of(source) if record else None
         kind = self._kind = classify(source)
         live = kind in ("async", "async_manager", "sync")
         self._interrupt, self._closer = cancel_hooks(source, cancel) if live else (None, None)
@@ -244,6 +249,9 @@ class ResponseView(anywidget.AnyWidget):
             self._flush_handle = None
         self._folder.finish(interrupted=interrupted, measured=measured)
         self._publish_end()
+        if self._record:
+            self._record = False
+            keep_shown(self.response, self._origin)
         if self._print_at_end:
             self._print_summary()
 
@@ -314,14 +322,16 @@ def _execution_count() -> int | None:
     return getattr(shell, "execution_count", None) if shell is not None else None
 
 
-def show(source: Any, *, cancel: Hook | None = None) -> ResponseView:
+def show(source: Any, *, cancel: Hook | None = None, record: bool = False) -> ResponseView:
     """Display a live view of a Responses stream or Response and return it.
 
     ``source``: an async or sync iterator of ``ResponseStreamEvent`` (ours or the openai SDK's
     ``AsyncStream``/``Stream``), a finished ``Response`` or a list of events (models or dicts).
     ``cancel``: called (and awaited if it is a coroutine function) by the view's cancel button.
+    ``record``: keep the finished response in the history (``nbr.record``) with the host it
+    was streamed from: for remote streams (this engine's own are kept already).
     """
-    view = ResponseView(source, cancel=cancel)
+    view = ResponseView(source, cancel=cancel, record=record)
     view.display()
     view._shown_in = _execution_count()
     return view

@@ -1,0 +1,371 @@
+"""The legacy Completions API on the local engine: ``client.completions.create(...)``.
+
+Scoring tools (lm-evaluation-harness's ``local-completions``, vLLM clients) read prompt
+logprobs from ``/v1/completions`` with ``echo=True, logprobs=k`` (and ``max_tokens`` 0 or 1),
+or from vLLM's ``prompt_logprobs``. Here the prompt's logprobs are the engine's scoring
+(``Scorer.logprobs``), the very numbers ``engine.score`` gives on the same ids, computed with
+``score_method`` ("prefill" by default: many tokens per run). Generation runs as a Responses
+generation does, on the same batched engine; each prompt of a request is its own generation,
+so several prompts (lm-eval sends batches) are decoded together.
+
+One request failing never touches another: each runs in its own tasks, and a request's
+own tasks are cancelled when it fails or its reader leaves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+from openai.types import Completion, CompletionChoice
+
+from nbresponses.families.base import Family
+from nbresponses.families.text import IncrementalDetokenizer
+from nbresponses.protocol import completions as shapes
+from nbresponses.protocol.completions import CompletionRequest, FinishReason, TokenEntry
+from nbresponses.protocol.errors import bad_request, server_error
+from nbresponses.service.scoring import Scorer, Scoring
+from nbresponses.tokens.contract import (
+    GenerationStats,
+    SamplingParams,
+    TokenIdLogprob,
+    TokenSource,
+)
+
+CONTEXT_IDS = 8  # prompt ids the detokenizer reads before generated text (spacing, characters)
+
+
+class _FamilyText:
+    """The family's ``decode`` as the tokenizer ``IncrementalDetokenizer`` expects."""
+
+    def __init__(self, family: Family) -> None:
+        self._family = family
+
+    def decode(self, token_ids: Any, *args: Any, **kwargs: Any) -> str:
+        return self._family.decode(list(token_ids))
+
+
+@dataclass
+class _Piece:
+    """Part of one choice: text, its tokens' entries, and the finish reason on the last."""
+
+    text: str
+    entries: list[TokenEntry] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    prompt_entries: list[TokenEntry] | None = None  # vLLM's prompt_logprobs, on the first
+
+
+class _Choice:
+    """One prompt's choice: prompt logprobs (when asked), then the generation, as pieces."""
+
+    def __init__(
+        self, owner: AsyncCompletions, req: CompletionRequest, index: int, ids: list[int]
+    ) -> None:
+        self.owner = owner
+        self.req = req
+        self.index = index
+        self.ids = ids
+        self.generated = 0
+        self.cached = 0
+
+    def _entry(self, token_id: int, offset: int, lp: TokenIdLogprob | None) -> TokenEntry:
+        family = self.owner.family
+        if lp is None:  # the token's string only (the family speaks in logprobs)
+            token = family.token_logprob(TokenIdLogprob(token_id, 0.0)).token
+            return TokenEntry(id=token_id, token=token, offset=offset)
+        given = family.token_logprob(lp)
+        return TokenEntry(
+            id=token_id,
+            token=given.token,
+            offset=offset,
+            logprob=given,
+            top_ids=tuple(t for t, _ in lp.top),
+            rank=lp.rank,
+            entropy=lp.entropy,
+        )
+
+    async def _prompt_logprobs(self) -> list[TokenIdLogprob | None]:
+        """None for the first token (nothing predicts it), then the engine's scoring."""
+        req = self.req
+        if not req.scores_prompt or len(self.ids) < 2:
+            return [None] * len(self.ids)
+        top = max(req.logprobs or 0, req.prompt_logprobs or 0)
+        job = Scoring(self.ids[:1], self.ids[1:])
+        try:
+            scored, self.cached = await self.owner.scorer.logprobs(
+                job, top_logprobs=top, method=req.score_method
+            )
+        except ValueError as exc:  # ids outside the vocabulary, and the like
+            raise bad_request(f"Invalid 'prompt': {exc}.", param="prompt") from None
+        return [None, *scored]
+
+    async def pieces(self) -> AsyncIterator[_Piece]:
+        req, family = self.req, self.owner.family
+        detok = IncrementalDetokenizer(_FamilyText(family))  # type: ignore[arg-type]
+        prompt_lps = await self._prompt_logprobs()
+        first = _Piece("")
+        if req.echo:
+            for token_id, lp in zip(self.ids, prompt_lps, strict=True):
+                first.entries.append(self._entry(token_id, len(detok.text), lp))
+                detok.push(token_id)
+            first.text = family.decode(self.ids)
+            if req.logprobs is None:
+                first.entries = []
+        else:
+            for token_id in self.ids[-CONTEXT_IDS:]:
+                detok.push(token_id)
+        if req.prompt_logprobs is not None:
+            first.prompt_entries = [
+                self._entry(t, 0, lp) for t, lp in zip(self.ids, prompt_lps, strict=True)
+            ]
+        base = len(detok.text) - len(first.text)  # where this choice's text starts in detok's
+        if req.max_tokens == 0:
+            first.finish_reason = "length"
+            yield first
+            return
+        if first.text or first.entries or first.prompt_entries is not None:
+            yield first  # (a stream without echo starts with the first generated text)
+        async for piece in self._generate(detok, base):
+            yield piece
+
+    async def _generate(self, detok: IncrementalDetokenizer, base: int) -> AsyncIterator[_Piece]:
+        req, source = self.req, self.owner.source
+        greedy = req.temperature == 0 or req.top_p == 0
+        params = SamplingParams(
+            max_tokens=req.max_tokens,
+            temperature=0.0 if greedy else req.temperature,
+            top_p=1.0 if greedy else req.top_p,
+            top_k=max(req.top_k, 0),
+            seed=req.seed,
+            ignore_eos=req.ignore_eos,
+            logprobs=req.logprobs is not None,
+            top_logprobs=req.logprobs or 0,
+        )
+        stats = GenerationStats()
+        try:
+            steps = source.generate(self.ids, params, stats)
+        except ValueError as exc:
+            raise bad_request(f"Invalid 'prompt': {exc}.", param="prompt") from None
+        stops = req.stop
+        emitted = 0  # characters of generated text already sent
+        out = ""
+        try:
+            async for step in steps:
+                piece = _Piece("")
+                for j, token_id in enumerate(step.token_ids):
+                    self.generated += 1
+                    lp = step.logprobs[j] if step.logprobs else None
+                    offset = len(detok.text) - base
+                    if req.logprobs is not None:
+                        piece.entries.append(self._entry(token_id, offset, lp))
+                    last = j == len(step.token_ids) - 1
+                    if not (last and step.finish_reason == "stop"):  # the eos is not text
+                        out += detok.push(token_id)
+                    hit = _find_stop(out, stops)
+                    if hit is not None:
+                        out = out[:hit]
+                        piece.finish_reason = "stop"
+                        break
+                if piece.finish_reason is None and step.finish_reason is not None:
+                    if step.finish_reason in ("error", "cancelled"):
+                        raise server_error(f"The engine stopped: {step.error or 'cancelled'}.")
+                    if step.finish_reason == "length":
+                        out += detok.flush()
+                    piece.finish_reason = "stop" if step.finish_reason == "stop" else "length"
+                end = len(out) if piece.finish_reason else len(out) - _held(out, stops)
+                piece.text, emitted = out[emitted:end], max(emitted, end)
+                yield piece
+                if piece.finish_reason is not None:
+                    return
+        finally:
+            self.cached = max(self.cached, stats.cached_tokens)
+            await steps.aclose()  # type: ignore[attr-defined]
+
+
+def _find_stop(text: str, stops: Sequence[str]) -> int | None:
+    """Where the first stop sequence starts in ``text`` (None: none there)."""
+    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return min(hits) if hits else None
+
+
+def _held(text: str, stops: Sequence[str]) -> int:
+    """Characters at the end of ``text`` that may begin a stop sequence: a stream holds them
+    back until the next token says whether the sequence completes."""
+    held = 0
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(text)), held, -1):
+            if text.endswith(stop[:k]):
+                held = k
+                break
+    return held
+
+
+class CompletionStream:
+    """A streamed ``completions.create``: ``Completion`` chunks as OpenAI streams them.
+
+    Each chunk holds one choice's new text (and its tokens' logprobs); the last chunk of a
+    choice has its ``finish_reason``; with ``stream_options={"include_usage": True}`` a last
+    chunk with no choices carries the usage. Closing the stream stops the generations.
+    """
+
+    def __init__(self, owner: AsyncCompletions, req: CompletionRequest, runs: list[_Choice]):
+        self._owner = owner
+        self._req = req
+        self._runs = runs
+        self._id, self._created = shapes.new_completion_id()
+        self._queue: asyncio.Queue[tuple[_Choice, _Piece] | BaseException | None] = asyncio.Queue()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._iterator = self._chunks()
+
+    async def _pump(self, run: _Choice) -> None:
+        try:
+            async for piece in run.pieces():
+                self._queue.put_nowait((run, piece))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            self._queue.put_nowait(exc)
+        finally:
+            self._queue.put_nowait(None)
+
+    async def _chunks(self) -> AsyncIterator[Completion]:
+        self._tasks = [asyncio.ensure_future(self._pump(run)) for run in self._runs]
+        running = len(self._tasks)
+        usage = None
+        while running:
+            item = await self._queue.get()
+            if item is None:
+                running -= 1
+                continue
+            if isinstance(item, BaseException):
+                raise item
+            run, piece = item
+            yield shapes.completion(
+                self._id, self._created, self._owner.model, [_choice(self._req, run, piece)]
+            )
+        if self._req.include_usage:
+            usage = _usage(self._runs)
+            yield shapes.completion(self._id, self._created, self._owner.model, [], usage)
+
+    def __aiter__(self) -> AsyncIterator[Completion]:
+        return self
+
+    async def __anext__(self) -> Completion:
+        return await self._iterator.__anext__()
+
+    async def __aenter__(self) -> CompletionStream:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def cancel(self) -> None:
+        """Stop the generations now; the stream ends after the chunks already made."""
+        await _cancel(self._tasks)
+
+    async def close(self) -> None:
+        """Stop reading and stop the generations still running."""
+        await self._iterator.aclose()  # type: ignore[attr-defined]
+        await _cancel(self._tasks)
+
+
+def _choice(req: CompletionRequest, run: _Choice, piece: _Piece) -> CompletionChoice:
+    logprobs = shapes.logprobs(piece.entries, req.logprobs) if req.logprobs is not None else None
+    prompt = None
+    if piece.prompt_entries is not None:
+        prompt = shapes.prompt_logprobs(piece.prompt_entries, req.prompt_logprobs or 0)
+    return shapes.choice(
+        run.index,
+        piece.text,
+        finish_reason=piece.finish_reason,
+        logprobs=logprobs,
+        prompt_logprobs=prompt,
+    )
+
+
+def _usage(runs: Sequence[_Choice]) -> Any:
+    return shapes.usage(
+        sum(len(r.ids) for r in runs),
+        sum(r.generated for r in runs),
+        sum(min(r.cached, len(r.ids)) for r in runs),
+    )
+
+
+async def _cancel(tasks: Sequence[asyncio.Task[Any]]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class AsyncCompletions:
+    """``client.completions``: ``create`` as ``openai.AsyncOpenAI().completions.create``."""
+
+    def __init__(self, source: TokenSource, family: Family, *, model: str) -> None:
+        self.source = source
+        self.family = family
+        self.model = model
+        self.scorer = Scorer(source, family, model=model)
+
+    def tokenize(self, text: str) -> list[int]:
+        """The ids the engine reads for ``text`` (no special tokens added)."""
+        return self.family.encode(text)
+
+    def _ids(self, prompt: str | list[int], where: str, req: CompletionRequest) -> list[int]:
+        ids = self.family.encode(prompt) if isinstance(prompt, str) else prompt
+        if not ids:
+            raise bad_request(f"Invalid '{where}': the prompt has no tokens.", param=where)
+        context = self.source.context_length
+        asked = len(ids) + max(req.max_tokens, 1)
+        if asked > context:
+            raise bad_request(
+                f"This model's maximum context length is {context} tokens, however you "
+                f"requested {len(ids) + req.max_tokens} tokens ({len(ids)} in your prompt; "
+                f"{req.max_tokens} for the completion; the prompt takes at most {context - 1})."
+                " Please reduce your prompt; or completion length.",
+                param=where,
+                code="context_length_exceeded",
+            )
+        return ids
+
+    def _runs(self, req: CompletionRequest) -> list[_Choice]:
+        many = len(req.prompts) > 1
+        return [
+            _Choice(self, req, i, self._ids(p, f"prompt[{i}]" if many else "prompt", req))
+            for i, p in enumerate(req.prompts)
+        ]
+
+    async def create(self, **kwargs: Any) -> Completion | CompletionStream:
+        """A ``Completion`` (or a ``CompletionStream`` of chunks with ``stream=True``)."""
+        req = shapes.parse_completion(kwargs, model=self.model)
+        runs = self._runs(req)
+        if req.stream:
+            return CompletionStream(self, req, runs)
+        completion_id, created = shapes.new_completion_id()
+        tasks = [asyncio.ensure_future(_fold(req, run)) for run in runs]
+        try:
+            choices = await asyncio.gather(*tasks)
+        finally:
+            await _cancel([t for t in tasks if not t.done()])  # one failed, or we were cancelled
+        return shapes.completion(completion_id, created, self.model, choices, _usage(runs))
+
+
+async def _fold(req: CompletionRequest, run: _Choice) -> CompletionChoice:
+    """A choice's pieces as one choice."""
+    text: list[str] = []
+    entries: list[TokenEntry] = []
+    prompt_entries = None
+    finish: FinishReason | None = None
+    async for piece in run.pieces():
+        text.append(piece.text)
+        entries.extend(piece.entries)
+        prompt_entries = piece.prompt_entries if prompt_entries is None else prompt_entries
+        finish = piece.finish_reason or finish
+    return _choice(req, run, _Piece("".join(text), entries, finish, prompt_entries))
