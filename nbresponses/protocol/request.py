@@ -38,6 +38,11 @@ EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
 # Accepted because they are labels echoed on the Response, with no behaviour to honour.
 ECHOED = ("user", "safety_identifier", "prompt_cache_key")
+# Not in the SDK: vLLM's extension parameters (sent with ``extra_body``) that we honour, by
+# vLLM's names (``_extensions``).
+EXTENSIONS = frozenset({"seed", "logprobs_mode"})
+LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
+INT64 = (-(2**63), 2**63 - 1)  # vLLM's bounds for ``seed``
 # In the SDK, not supported by a local chat-template engine.
 REJECTED = frozenset(
     {
@@ -79,6 +84,9 @@ class CreateRequest:
     # ({"type": "json_schema", "name", "schema", "strict", "description"}), as given
     text_format: dict[str, Any] | None = None
     echoed: dict[str, str] = field(default_factory=dict)
+    # extensions (``EXTENSIONS``): the sampler's seed; logprobs of the processed distribution
+    seed: int | None = None
+    logprobs_mode: str = "raw_logprobs"
 
 
 def given(value: Any) -> bool:
@@ -97,7 +105,7 @@ def parse_create(kwargs: Mapping[str, Any], *, model: str) -> CreateRequest:
     params = {k: v for k, v in params.items() if given(v)}
     check_values(params)
     for key in params:
-        if key not in SDK_PARAMETERS and key != "verbosity":
+        if key not in SDK_PARAMETERS and key not in EXTENSIONS and key != "verbosity":
             raise bad_request(f"Unknown parameter: '{key}'.", param=key, code="unknown_parameter")
         if key in REJECTED:
             raise unsupported(key)
@@ -137,7 +145,30 @@ def parse_create(kwargs: Mapping[str, Any], *, model: str) -> CreateRequest:
     if params.get("truncation", "disabled") != "disabled":
         raise unsupported("truncation", "only 'disabled' (an over-long prompt is an error).")
     req.echoed = {k: _opt_str(params, k) for k in ECHOED if k in params}  # type: ignore[misc]
+    _extensions(req, params)
     return req
+
+
+def _extensions(req: CreateRequest, params: Mapping[str, Any]) -> None:
+    """vLLM's sampling extensions, with vLLM's names and types: ``seed`` (any int64; the
+    same seed gives the same tokens alone, batched, streamed or not) and ``logprobs_mode``
+    ("raw_logprobs", the default, or "processed_logprobs": each token's logprob under the
+    distribution it was drawn from is reported beside the raw one)."""
+    req.seed = _int(params, "seed", *INT64)
+    mode = params.get("logprobs_mode", "raw_logprobs")
+    if mode not in LOGPROBS_MODES:
+        allowed = " or ".join(f"'{m}'" for m in LOGPROBS_MODES)
+        raise bad_request(
+            f"Invalid 'logprobs_mode': {mode!r}; it must be {allowed} (logits are not reported).",
+            param="logprobs_mode",
+        )
+    if mode != "raw_logprobs" and not req.logprobs:
+        raise bad_request(
+            f"logprobs_mode '{mode}' needs logprobs: add "
+            f"include=['{LOGPROBS_INCLUDE}'] (or top_logprobs > 0).",
+            param="logprobs_mode",
+        )
+    req.logprobs_mode = mode
 
 
 def check_values(params: Mapping[str, Any]) -> None:

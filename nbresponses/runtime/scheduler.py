@@ -28,6 +28,7 @@ logits, so a constrained row is as exact as a free one (``constraints.py``).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import time
@@ -494,20 +495,26 @@ class Scheduler:
         params = request.params
         forced = params.forced_tokens
         try:
+            drawn_from = logits  # what the token is chosen from (a grammar masks it)
             if forced:
                 token = forced[len(request.generated)]
             elif request.constraint is not None:
-                token = sampling.choose(request.constraint.masked(logits), params, request.rng)
+                drawn_from = request.constraint.masked(logits)
+                token = sampling.choose(drawn_from, params, request.rng)
                 request.constraint.accept(token)
             else:
                 token = sampling.choose(logits, params, request.rng)
             logprob: tuple[TokenIdLogprob, ...] | None = None
             if params.logprobs or params.top_logprobs or params.details:
-                logprob = (
-                    sampling.token_logprob(
-                        logits, token, params.top_logprobs, details=params.details
-                    ),
+                lp = sampling.token_logprob(
+                    logits, token, params.top_logprobs, details=params.details
                 )
+                if params.processed_logprobs:
+                    processed = lp.logprob
+                    if sampling.processes(params, masked=drawn_from is not logits):
+                        processed = sampling.processed_logprob(drawn_from, token, params)
+                    lp = dataclasses.replace(lp, processed=processed)
+                logprob = (lp,)
         except Exception as exc:
             self._finish(request, Step((), finish_reason="error", error=_describe(exc)))
             return True

@@ -65,6 +65,9 @@ class SamplingParams:
     # it early); each step reports what the model gives them, exactly as if it had chosen them.
     forced_tokens: tuple[int, ...] = ()
     details: bool = False  # also the chosen token's rank and the distribution's entropy
+    # Also each token's logprob under the distribution it was drawn from (after the grammar
+    # mask, temperature, top-k, top-p): vLLM's ``logprobs_mode="processed_logprobs"``.
+    processed_logprobs: bool = False
     # A grammar for the output: a fresh constraint per generation (ignored with forced_tokens).
     constraint: ConstraintFactory | None = field(default=None, compare=False)
 
@@ -78,6 +81,9 @@ class TokenIdLogprob:
     top: tuple[tuple[int, float], ...] = ()
     rank: int | None = None  # 1 = the most likely token (with ``details``)
     entropy: float | None = None  # of the full next-token distribution, nats (with ``details``)
+    # under the distribution the token was drawn from (with ``processed_logprobs``); equal to
+    # ``logprob`` when nothing reshapes it (greedy or temperature 1, no top-k/top-p/grammar)
+    processed: float | None = None
 
 
 @dataclass(frozen=True)
