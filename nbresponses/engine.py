@@ -204,6 +204,70 @@ class Engine:
         frame.insert(0, "document", frame["response_id"].astype(str).map(ids).astype("int64"))
         return frame
 
+    # -- many completions of one prompt ---------------------------------------------------------
+
+    async def sample(
+        self,
+        input: str | Sequence[Any],
+        *,
+        n: int = 8,
+        seed: int | None = None,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_output_tokens: int | None = None,
+        logprobs_mode: str = "processed_logprobs",
+        top_logprobs: int = 0,
+        **create: Any,
+    ) -> list[Response]:
+        """``n`` completions of one prompt, drawn as one batch that shares the prompt's KV (one
+        prefill), each a stored Response with its own seed; ``nbr.samples_frame`` counts them.
+
+        Completion ``i`` is exactly ``client.responses.create(input=..., temperature=...,
+        top_p=..., extra_body={"seed": seeds[i]})`` with ``seeds =
+        nbresponses.runtime.sampling.derived_seeds(seed, n)`` (its ``seed`` field says so):
+        bit for bit the same alone, and the first ``k`` of ``n`` are those of ``n=k``. Without
+        a ``seed`` one is drawn from OS entropy. Logprobs are always included (raw and, with
+        the default ``logprobs_mode``, processed: the samples frame's sequence logprobs);
+        other ``create`` keywords (``instructions``, ``text``, ``tools``, ``metadata``,
+        ``extra_body``...) apply to every completion.
+        """
+        from nbresponses.protocol.request import LOGPROBS_INCLUDE
+        from nbresponses.runtime import sampling
+
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be an integer >= 1, got {n!r}")
+        for key in ("stream", "background"):
+            if key in create:
+                raise TypeError(f"sample() takes no {key!r} keyword for create")
+        extra = dict(create.pop("extra_body", None) or {})
+        if "seed" in extra:
+            raise TypeError("give the seed as sample(seed=...): each completion gets its own")
+        base = sampling.fresh_seed() if seed is None else seed
+        include = list(create.pop("include", None) or [])
+        if LOGPROBS_INCLUDE not in include:
+            include.append(LOGPROBS_INCLUDE)
+        request: dict[str, Any] = {
+            "input": input,
+            "temperature": temperature,
+            "top_p": top_p,
+            "include": include,
+            "top_logprobs": top_logprobs,
+            **create,
+        }
+        if max_output_tokens is not None:
+            request["max_output_tokens"] = max_output_tokens
+        if logprobs_mode != "raw_logprobs":
+            extra["logprobs_mode"] = logprobs_mode
+        responses = self._client.responses
+        with self.generator.together(n):
+            created = await asyncio.gather(
+                *(
+                    responses.create(**request, extra_body={**extra, "seed": one})
+                    for one in sampling.derived_seeds(base, n)
+                )
+            )
+        return [r for r in created if isinstance(r, Response)]
+
     async def aclose(self) -> None:
         """Stop the decode thread; unfinished requests end as cancelled; the stored responses
         are written out and the store's file closed."""

@@ -8,12 +8,14 @@ from .analysis import classification_confidence, perplexity, sequence_logprob
 from .events import EVENTS_COLUMNS, events_frame
 from .heatmap import logprobs_heatmap
 from .logprobs import LOGPROBS_COLUMNS, TOP_LOGPROBS_COLUMNS, logprobs_frame, top_logprobs_frame
+from .samples import SAMPLES_COLUMNS, samples_frame
 from .scoring import compare, option_likelihoods
 from .usage import USAGE_COLUMNS, usage_frame
 
 __all__ = [
     "EVENTS_COLUMNS",
     "LOGPROBS_COLUMNS",
+    "SAMPLES_COLUMNS",
     "TOP_LOGPROBS_COLUMNS",
     "USAGE_COLUMNS",
     "classification_confidence",
@@ -23,6 +25,7 @@ __all__ = [
     "logprobs_heatmap",
     "option_likelihoods",
     "perplexity",
+    "samples_frame",
     "sequence_logprob",
     "top_logprobs_frame",
     "usage_frame",

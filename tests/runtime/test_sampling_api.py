@@ -193,3 +193,67 @@ async def test_processed_logprobs_change_no_token(tiny_fused, tokenizer):
         lp.logprob for s in b for lp in s.logprobs or ()
     ]
 
+
+# -- many completions of one prompt --------------------------------------------------------
+
+
+SAMPLE = {"temperature": 1.3, "top_p": 0.95, "max_output_tokens": 12, "top_logprobs": 2}
+
+
+async def test_sample_is_the_seeded_requests_one_by_one(tiny_fused, tokenizer):
+    """``sample(n, seed)`` shares one prefill among its completions, and each completion is
+    bit for bit the request made alone with its derived seed, on another engine."""
+    from nbresponses.frames import samples_frame
+    from nbresponses.runtime.sampling import derived_seeds
+
+    question = "Name a colour."
+    async with _engine(tiny_fused, tokenizer, prefix_cache_bytes=0) as engine:
+        samples = await engine.sample(question, n=6, seed=11, **SAMPLE)
+        first_three = await engine.sample(question, n=3, seed=11, **SAMPLE)
+    seeds = derived_seeds(11, 6)
+    assert [r.seed for r in samples] == seeds and len(set(seeds)) == 6
+    assert [numbers(r) for r in first_three] == [numbers(r) for r in samples[:3]]
+    assert len({r.output_text for r in samples}) > 1  # the seeds draw different answers
+    assert all(r.logprobs_mode == "processed_logprobs" for r in samples)
+    # one prefill: without a prefix cache, every completion but one reused the whole prompt
+    usage = [(r.usage.input_tokens, r.usage.input_tokens_details.cached_tokens) for r in samples]
+    assert sorted(cached for _, cached in usage) == [0] + [usage[0][0]] * 5
+
+    async with _engine(tiny_fused, tokenizer, prefix_cache_bytes=0) as engine:  # a restart
+        client = engine.client()
+        for seed, sampled in zip(seeds, samples, strict=True):
+            alone = await client.responses.create(
+                input=question,
+                include=LOGPROBS,
+                extra_body={"seed": seed, "logprobs_mode": "processed_logprobs"},
+                **SAMPLE,
+            )
+            assert numbers(alone) == numbers(sampled), seed
+            assert alone.output_text == sampled.output_text
+
+    frame = samples_frame(samples)
+    assert frame["count"].sum() == 6 and frame.attrs["n"] == 6
+    for _, row in frame.iterrows():  # each answer's sequence logprob is its tokens' sum
+        member = next(r for r in samples if r.id == row["response_ids"][0])
+        raw = [n[1] for n in numbers(member)]
+        processed = [n[2] for n in numbers(member)]
+        assert row["sequence_logprob"] == pytest.approx(float(np.sum(raw)), abs=1e-9)
+        assert row["sequence_processed_logprob"] == pytest.approx(float(np.sum(processed)))
+
+
+async def test_sample_rejects_what_it_cannot_honour(tiny_fused, tokenizer):
+    async with _engine(tiny_fused, tokenizer) as engine:
+        with pytest.raises(ValueError, match="n must be"):
+            await engine.sample("hi", n=0)
+        with pytest.raises(TypeError, match="stream"):
+            await engine.sample("hi", n=2, stream=True)
+        with pytest.raises(TypeError, match="seed"):
+            await engine.sample("hi", n=2, extra_body={"seed": 1})
+        import openai
+
+        with pytest.raises(openai.BadRequestError) as err:  # the create's own 400, for all
+            await engine.sample("hi", n=3, seed=1, temperature=3.0)
+        assert err.value.param == "temperature"
+        assert engine.generator._gate is None  # nothing left held
+        ok = await engine.sample("hi", n=2, seed=1, max_output_tokens=4)
+        assert len(ok) == 2
