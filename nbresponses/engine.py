@@ -12,6 +12,7 @@ import os
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from openai.types.responses import Response
 
 from nbresponses.models.prepared import PreparedModel
@@ -20,6 +21,7 @@ from nbresponses.service.client import AsyncResponsesClient
 from nbresponses.service.database import StorePath
 
 if TYPE_CHECKING:
+    from nbresponses.runtime.lens import LogitLens
     from nbresponses.server.inprocess import InProcessServer
     from nbresponses.service.scoring import Method, Scorer
 
@@ -37,6 +39,7 @@ class Engine:
         (``store_path``: by default the SQLite file in the user's data dir)."""
         self.generator = generator
         self._inprocess: InProcessServer | None = None
+        self._lens: LogitLens | None = None  # opened by the first logit_lens()
         client_options.setdefault("store_path", None)
         client_options.setdefault("provenance", _provenance(generator.prepared))
         self._client = AsyncResponsesClient(
@@ -268,6 +271,49 @@ class Engine:
             )
         return [r for r in created if isinstance(r, Response)]
 
+    # -- the logit lens -------------------------------------------------------------------------
+
+    async def logit_lens(
+        self,
+        text: str | Sequence[Any],
+        continuation: str | None = None,
+        *,
+        chat: bool | None = None,
+    ) -> Any:
+        """Where a prediction forms: for every layer (0 = the embeddings .. the model's output)
+        and position, the next-token distribution read from that layer's residual stream
+        through the model's own final norm and LM head (``nbr.frames.lens_frame`` columns:
+        top tokens, the probability and rank of the token that actually comes next, the KL
+        divergence from the last layer). ``nbr.frames.lens_heatmap(frame)`` draws it.
+
+        The tokens are those ``score`` would score (``text`` alone: plain text after an
+        end-of-text token; with ``continuation`` or ``chat``: as ``score`` takes them). Needs a
+        fused recipe (``fused-q8``, ``analysis``); a lens graph is built once beside the model.
+        On 8-bit weights it reads what that model computes (docs/concepts/lens.md).
+        """
+        from nbresponses.frames.lens import lens_frame
+        from nbresponses.runtime.lens import LogitLens
+
+        job = self._scorer().prepare(text, continuation, chat=chat)
+        ids = [*job.prompt, *job.given]
+        if len(ids) > self.generator.context_length:
+            raise ValueError(f"{len(ids)} tokens: more than the model's context")
+        if self._lens is None:
+            path = self.prepared.path
+            threads = self.generator.runner.session.get_session_options().intra_op_num_threads
+            self._lens = await asyncio.to_thread(LogitLens, path, threads=threads)
+        result = await asyncio.to_thread(self._lens.run, ids)
+        vocab = self.tokenizer
+        names = {t: vocab.decode([t]) for t in {*ids, *result.top_ids.reshape(-1).tolist()}}
+        return lens_frame(
+            tokens=[names[t] for t in ids],
+            top_tokens=np.vectorize(names.__getitem__, otypes=[object])(result.top_ids),
+            top_logprobs=result.top_logprobs,
+            next_logprob=result.next_logprob,
+            next_rank=result.next_rank,
+            kl=result.kl,
+        )
+
     async def aclose(self) -> None:
         """Stop the decode thread; unfinished requests end as cancelled; the stored responses
         are written out and the store's file closed."""
@@ -275,6 +321,7 @@ class Engine:
             await asyncio.to_thread(self._inprocess.close)
         await self._client.aclose()
         await self.generator.aclose()
+        self._lens = None
 
     close = aclose
 
