@@ -134,3 +134,27 @@ async def test_raw_mode_has_no_processed_column_values(tokenizer):
     entry = r.output[0].content[0].logprobs[0]
     assert entry.model_extra == {}
     assert logprobs_frame(r)["processed_logprob"].isna().all()
+
+
+async def test_seed_and_processed_logprobs_come_back_after_a_restart(tokenizer, tmp_path):
+    """Kept in the SQLite store: a restarted kernel retrieves the seed, the processed logprobs
+    and the stored create parameters."""
+    path = tmp_path / "responses.sqlite3"
+    script = Script(ids(tokenizer, "Paris."), processed_logprobs=[-0.125] * 4)
+    client, _ = client_for(tokenizer, script, store_path=path)
+    made = await client.responses.create(
+        input="hi",
+        include=LOGPROBS,
+        extra_body={"seed": 2**63 - 1, "logprobs_mode": "processed_logprobs"},
+    )
+    assert client.flush()
+    client.close()
+    restarted, _ = client_for(tokenizer, "unused", store_path=path)
+    try:
+        again = await restarted.responses.retrieve(made.id)
+        assert again == made and again.seed == 2**63 - 1
+        assert again.output[0].content[0].logprobs[0].processed_logprob == -0.125
+        assert restarted.store.get(made.id).request["seed"] == 2**63 - 1
+        assert usage_frame(again)["seed"].iloc[0] == 2**63 - 1
+    finally:
+        restarted.close()
