@@ -7,11 +7,14 @@ completions of ``--tokens`` tokens at temperature 1, three ways, round-robin, me
 - ``sample``: ``engine.sample(prompt, n=n, seed=...)``: one batch, one prefill shared;
 - ``concurrent``: ``n`` separate ``responses.create`` calls gathered at once (continuous
   batching; each prefilled on its own, the prefix cache serving all but the first);
-- ``sequential``: the same ``n`` requests one after another.
+- ``sequential``: the same ``n`` requests one after another;
+- ``sample`` and ``concurrent`` again with the prefix cache off (``dynamic-int8``'s case, or
+  ``prefix_cache_bytes=0``): then only ``sample`` shares the prompt's prefill.
 
-Each request has a fresh seed per round (no output is reused) and the prefix cache is emptied
-between runs, so every run pays its prompt. Prints output tokens per second over the wall time
-and the ratios to ``sample``.
+Every request asks for the same logprobs (raw and processed, as ``sample`` does), each has a
+fresh seed per round (no output is reused) and the prefix cache is emptied between runs, so
+every run pays its prompt. Prints output tokens per second over the wall time and the ratios
+to ``sample``.
 
     python benchmarks/sample.py --rounds 3
 """
@@ -37,22 +40,32 @@ def document_question() -> str:
 
 async def run(engine: nbr.Engine, how: str, prompt: str, n: int, seed: int, tokens: int) -> float:
     """Output tokens per second of one way of getting ``n`` completions."""
-    engine.generator.prefix_cache.clear()
+    cache = engine.generator.prefix_cache
+    cache.clear()
+    budget = cache.budget_bytes
+    if how.endswith("no prefix cache"):
+        cache.budget_bytes = 0
     options = {"temperature": 1.0, "max_output_tokens": tokens, "store": False}
     client = engine.client()
     started = time.perf_counter()
-    if how == "sample":
+    if how.startswith("sample"):
         responses = await engine.sample(prompt, n=n, seed=seed, **options)
     else:
         creates = [
-            client.responses.create(input=prompt, extra_body={"seed": one}, **options)
+            client.responses.create(
+                input=prompt,
+                include=["message.output_text.logprobs"],
+                extra_body={"seed": one, "logprobs_mode": "processed_logprobs"},
+                **options,
+            )
             for one in derived_seeds(seed, n)
         ]
-        if how == "concurrent":
+        if how.startswith("concurrent"):
             responses = await asyncio.gather(*creates)
         else:
             responses = [await c for c in creates]
     elapsed = time.perf_counter() - started
+    cache.budget_bytes = budget
     return sum(r.usage.output_tokens for r in responses) / elapsed
 
 
@@ -64,7 +77,13 @@ async def main() -> None:
     args = parser.parse_args()
     engine = await nbr.Engine.load(progress=False, store_path="memory")
     prompts = {"chat question": QUESTION, "document question": document_question()}
-    ways = ("sample", "concurrent", "sequential")
+    ways = (
+        "sample",
+        "concurrent",
+        "sequential",
+        "sample, no prefix cache",
+        "concurrent, no prefix cache",
+    )
     for name, prompt in prompts.items():
         length = len(engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}]))
         rates: dict[str, list[float]] = {how: [] for how in ways}
@@ -76,7 +95,7 @@ async def main() -> None:
         print(f"{name} ({length} prompt tokens), n={args.n}, {args.tokens} tokens each:")
         for how in ways:
             median = statistics.median(rates[how])
-            print(f"  {how:<11} {median:7.1f} tok/s  (sample is {best / median:.2f}x)")
+            print(f"  {how:<28} {median:7.1f} tok/s  (sample is {best / median:.2f}x)")
     await engine.aclose()
 
 
