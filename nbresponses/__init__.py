@@ -31,6 +31,7 @@ _LAZY: dict[str, str] = {
     "perplexity": "nbresponses.frames",
     "classification_confidence": "nbresponses.frames",
     "logprobs_heatmap": "nbresponses.frames",
+    "samples_frame": "nbresponses.frames",
     "function_tool": "nbresponses.service.function_tools",
     "compare": "nbresponses.frames",
     "option_likelihoods": "nbresponses.frames",

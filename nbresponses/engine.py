@@ -12,6 +12,7 @@ import os
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from openai.types.responses import Response
 
 from nbresponses.models.prepared import PreparedModel
@@ -20,6 +21,7 @@ from nbresponses.service.client import AsyncResponsesClient
 from nbresponses.service.database import StorePath
 
 if TYPE_CHECKING:
+    from nbresponses.runtime.lens import LogitLens
     from nbresponses.server.inprocess import InProcessServer
     from nbresponses.service.scoring import Method, Scorer
 
@@ -37,6 +39,7 @@ class Engine:
         (``store_path``: by default the SQLite file in the user's data dir)."""
         self.generator = generator
         self._inprocess: InProcessServer | None = None
+        self._lens: LogitLens | None = None  # opened by the first logit_lens()
         client_options.setdefault("store_path", None)
         client_options.setdefault("provenance", _provenance(generator.prepared))
         self._client = AsyncResponsesClient(
@@ -317,6 +320,113 @@ class Engine:
         each token's text in ``texts``)."""
         return await self._scorer().score_frame(texts, **options)
 
+    # -- many completions of one prompt ---------------------------------------------------------
+
+    async def sample(
+        self,
+        input: str | Sequence[Any],
+        *,
+        n: int = 8,
+        seed: int | None = None,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_output_tokens: int | None = None,
+        logprobs_mode: str = "processed_logprobs",
+        top_logprobs: int = 0,
+        **create: Any,
+    ) -> list[Response]:
+        """``n`` completions of one prompt, drawn as one batch that shares the prompt's KV (one
+        prefill), each a stored Response with its own seed; ``nbr.samples_frame`` counts them.
+
+        Completion ``i`` is exactly ``client.responses.create(input=..., temperature=...,
+        top_p=..., extra_body={"seed": seeds[i]})`` with ``seeds =
+        nbresponses.runtime.sampling.derived_seeds(seed, n)`` (its ``seed`` field says so):
+        bit for bit the same alone, and the first ``k`` of ``n`` are those of ``n=k``. Without
+        a ``seed`` one is drawn from OS entropy. Logprobs are always included (raw and, with
+        the default ``logprobs_mode``, processed: the samples frame's sequence logprobs);
+        other ``create`` keywords (``instructions``, ``text``, ``tools``, ``metadata``,
+        ``extra_body``...) apply to every completion.
+        """
+        from nbresponses.protocol.request import LOGPROBS_INCLUDE
+        from nbresponses.runtime import sampling
+
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be an integer >= 1, got {n!r}")
+        for key in ("stream", "background"):
+            if key in create:
+                raise TypeError(f"sample() takes no {key!r} keyword for create")
+        extra = dict(create.pop("extra_body", None) or {})
+        if "seed" in extra:
+            raise TypeError("give the seed as sample(seed=...): each completion gets its own")
+        base = sampling.fresh_seed() if seed is None else seed
+        include = list(create.pop("include", None) or [])
+        if LOGPROBS_INCLUDE not in include:
+            include.append(LOGPROBS_INCLUDE)
+        request: dict[str, Any] = {
+            "input": input,
+            "temperature": temperature,
+            "top_p": top_p,
+            "include": include,
+            "top_logprobs": top_logprobs,
+            **create,
+        }
+        if max_output_tokens is not None:
+            request["max_output_tokens"] = max_output_tokens
+        if logprobs_mode != "raw_logprobs":
+            extra["logprobs_mode"] = logprobs_mode
+        responses = self._client.responses
+        with self.generator.together(n):
+            created = await asyncio.gather(
+                *(
+                    responses.create(**request, extra_body={**extra, "seed": one})
+                    for one in sampling.derived_seeds(base, n)
+                )
+            )
+        return [r for r in created if isinstance(r, Response)]
+
+    # -- the logit lens -------------------------------------------------------------------------
+
+    async def logit_lens(
+        self,
+        text: str | Sequence[Any],
+        continuation: str | None = None,
+        *,
+        chat: bool | None = None,
+    ) -> Any:
+        """Where a prediction forms: for every layer (0 = the embeddings .. the model's output)
+        and position, the next-token distribution read from that layer's residual stream
+        through the model's own final norm and LM head (``nbr.frames.lens_frame`` columns:
+        top tokens, the probability and rank of the token that actually comes next, the KL
+        divergence from the last layer). ``nbr.frames.lens_heatmap(frame)`` draws it.
+
+        The tokens are those ``score`` would score (``text`` alone: plain text after an
+        end-of-text token; with ``continuation`` or ``chat``: as ``score`` takes them). Needs a
+        fused recipe (``fused-q8``, ``analysis``); a lens graph is built once beside the model.
+        On 8-bit weights it reads what that model computes (docs/concepts/lens.md).
+        """
+        from nbresponses.frames.lens import lens_frame
+        from nbresponses.runtime.lens import LogitLens
+
+        job = self._scorer().prepare(text, continuation, chat=chat)
+        ids = [*job.prompt, *job.given]
+        if len(ids) > self.generator.context_length:
+            raise ValueError(f"{len(ids)} tokens: more than the model's context")
+        if self._lens is None:
+            path = self.prepared.path
+            threads = self.generator.runner.session.get_session_options().intra_op_num_threads
+            self._lens = await asyncio.to_thread(LogitLens, path, threads=threads)
+        result = await asyncio.to_thread(self._lens.run, ids)
+        vocab = self.tokenizer
+        names = {t: vocab.decode([t]) for t in {*ids, *result.top_ids.reshape(-1).tolist()}}
+        return lens_frame(
+            tokens=[names[t] for t in ids],
+            top_tokens=np.vectorize(names.__getitem__, otypes=[object])(result.top_ids),
+            top_logprobs=result.top_logprobs,
+            next_logprob=result.next_logprob,
+            next_rank=result.next_rank,
+            kl=result.kl,
+        )
+
     async def aclose(self) -> None:
         """Stop the decode thread; unfinished requests end as cancelled; the stored responses
         are written out and the store's file closed."""
@@ -324,6 +434,7 @@ class Engine:
             await asyncio.to_thread(self._inprocess.close)
         await self._client.aclose()
         await self.generator.aclose()
+        self._lens = None
 
     close = aclose
 

@@ -138,4 +138,7 @@ def protocol_logprob(lp: TokenIdLogprob, token_bytes: CachedTokenBytes) -> Token
     """An engine logprob (token ids) in protocol terms: display strings and bytes."""
     token, raw = token_bytes.get(lp.token_id)
     top = [(*token_bytes.get(t), v) for t, v in lp.top]
-    return TokenLogprob(token=token, bytes=raw, logprob=float(lp.logprob), top=top)
+    processed = None if lp.processed is None else float(lp.processed)
+    return TokenLogprob(
+        token=token, bytes=raw, logprob=float(lp.logprob), top=top, processed_logprob=processed
+    )

@@ -11,8 +11,10 @@ from .choice import NORMALISATIONS, choice_accuracy, multiple_choice_frame, opti
 from .divergence import divergence_summary
 from .events import EVENTS_COLUMNS, events_frame
 from .heatmap import logprobs_heatmap
+from .lens import LENS_COLUMNS, lens_frame, lens_heatmap
 from .logprobs import LOGPROBS_COLUMNS, TOP_LOGPROBS_COLUMNS, logprobs_frame, top_logprobs_frame
 from .plots import plot_divergence, plot_options, plot_reliability, plot_surprisal
+from .samples import SAMPLES_COLUMNS, samples_frame
 from .scoring import compare
 from .usage import USAGE_COLUMNS, usage_frame
 from .words import BOUNDARIES, WORDS_COLUMNS, span_surprisal, words_frame
@@ -20,8 +22,10 @@ from .words import BOUNDARIES, WORDS_COLUMNS, span_surprisal, words_frame
 __all__ = [
     "BOUNDARIES",
     "EVENTS_COLUMNS",
+    "LENS_COLUMNS",
     "LOGPROBS_COLUMNS",
     "NORMALISATIONS",
+    "SAMPLES_COLUMNS",
     "TOP_LOGPROBS_COLUMNS",
     "USAGE_COLUMNS",
     "WORDS_COLUMNS",
@@ -31,6 +35,8 @@ __all__ = [
     "compare",
     "divergence_summary",
     "events_frame",
+    "lens_frame",
+    "lens_heatmap",
     "logprobs_frame",
     "logprobs_heatmap",
     "multiple_choice_frame",
@@ -41,6 +47,7 @@ __all__ = [
     "plot_reliability",
     "plot_surprisal",
     "reliability_table",
+    "samples_frame",
     "sequence_logprob",
     "span_surprisal",
     "top_logprobs_frame",

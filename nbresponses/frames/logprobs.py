@@ -29,6 +29,7 @@ LOGPROBS_COLUMNS: dict[str, str] = {
     "token": "category",
     "prob": "float64",
     "logprob": "float64",
+    "processed_logprob": "float64",
     "rank": "Int32",
     "runner_up": "category",
     "runner_up_logprob": "float64",
@@ -83,6 +84,7 @@ class _Tokens:
     tops: list[Any]
     ranks: np.ndarray  # exact ranks where the entries carry them (nbresponses' scorings), NaN
     entropies: np.ndarray  # full-vocabulary entropies where the entries carry them, NaN
+    processed: np.ndarray  # logprobs under the distribution drawn from, where carried, NaN
 
 
 _ENTRY_FIELDS = ("token", "logprob", "bytes", "top_logprobs")
@@ -109,6 +111,7 @@ def _gather(obj: Any) -> _Tokens:
     tops: list[Any] = []
     ranks: list[float] = []
     entropies: list[float] = []
+    processed: list[float] = []
     for part in parts:
         part_tokens, part_logprobs, part_raw, part_tops = _read_entries(part.entries)
         tokens += part_tokens
@@ -118,6 +121,7 @@ def _gather(obj: Any) -> _Tokens:
         part_ranks, part_entropies = _read_details(part.entries)
         ranks += part_ranks
         entropies += part_entropies
+        processed += _read_processed(part.entries)
     token_array = np.empty(len(tokens), dtype=object)
     token_array[:] = tokens
     return _Tokens(
@@ -130,6 +134,7 @@ def _gather(obj: Any) -> _Tokens:
         tops=tops,
         ranks=np.array(ranks, dtype=np.float64),
         entropies=np.array(entropies, dtype=np.float64),
+        processed=np.array(processed, dtype=np.float64),
     )
 
 
@@ -146,6 +151,14 @@ def _read_details(entries: list[Any]) -> tuple[list[float], list[float]]:
         return math.nan if value is None else float(value)
 
     return [number(e, "rank") for e in entries], [number(e, "entropy") for e in entries]
+
+
+def _read_processed(entries: list[Any]) -> list[float]:
+    """Each entry's ``processed_logprob``: an extra field nbresponses adds with
+    ``logprobs_mode="processed_logprobs"`` (NaN where absent)."""
+    if not entries or field(entries[0], "processed_logprob") is None:
+        return [math.nan] * len(entries)
+    return [float(field(e, "processed_logprob", math.nan)) for e in entries]
 
 
 def _part_columns(data: _Tokens, counts: np.ndarray) -> dict[str, Any]:
@@ -215,7 +228,10 @@ def logprobs_frame(obj: Any) -> pd.DataFrame:
     the full-vocabulary entropy; ``topk_mass = Σ p`` says how much of the distribution they
     cover. Scorings of given text (``Engine.score``) carry more: ``rank`` is then exact over the
     whole vocabulary and ``entropy`` is the full distribution's (NaN otherwise); ``given`` says
-    whether the tokens were given (a scoring) or generated. Without logprobs the frame is empty
+    whether the tokens were given (a scoring) or generated. ``processed_logprob`` is the
+    token's logprob under the distribution it was drawn from (after temperature, top-p and a
+    grammar), for responses made with ``extra_body={"logprobs_mode": "processed_logprobs"}``
+    (NaN otherwise); ``logprob`` stays the model's own. Without logprobs the frame is empty
     (full schema) and a ``UserWarning`` says how to request them.
 
     When ``obj`` is a Response whose output was held to a grammar (``text.format`` json_schema
@@ -254,6 +270,7 @@ def _token_columns(data: _Tokens) -> dict[str, Any]:
         **_text_columns(data),
         "logprob": data.logprobs,
         "prob": np.exp(data.logprobs),
+        "processed_logprob": data.processed,
         "rank": nullable_int(ranks, "Int32"),  # exact ranks reach the vocabulary size
         "n_top": stats["n_top"].astype(np.int16),
         "runner_up": categorical(stats["runner_up"]),

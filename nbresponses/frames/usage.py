@@ -33,6 +33,9 @@ USAGE_COLUMNS: dict[str, str] = {
     "ttft_s": "float64",
     "duration_s": "float64",
     "tokens_per_s": "float64",
+    "temperature": "float64",
+    "top_p": "float64",
+    "seed": "Int64",
 }
 
 _TOKENS = {
@@ -77,10 +80,20 @@ def _row(response: Any, stream: StreamSource | None) -> dict[str, Any]:
         "completed_at": _dig(response, ("completed_at",)),
         **{name: _dig(usage, path) for name, path in _TOKENS.items()},
         "streamed": stream is not None,
+        "temperature": _dig(response, ("temperature",)),
+        "top_p": _dig(response, ("top_p",)),
+        "seed": _seed(response),
     }
     timing = _timing(stream, row["output_tokens"]) if stream else (math.nan,) * 3
     row.update(zip(("ttft_s", "duration_s", "tokens_per_s"), timing, strict=True))
     return row
+
+
+def _seed(response: Any) -> int | None:
+    """The sampler's seed: an extra field nbresponses keeps on a Response made with one (vLLM's
+    ``seed`` extension); None for others (OpenAI's responses have none)."""
+    seed = field(response, "seed")
+    return int(seed) if isinstance(seed, int) and not isinstance(seed, bool) else None
 
 
 def _timestamps(seconds: list[float]) -> pd.DatetimeIndex:
@@ -99,6 +112,9 @@ def usage_frame(objs: Any, *, times: Iterable[float] | None = None) -> pd.DataFr
     ``*.delta`` event of any kind, ``duration_s`` to the last event, and ``tokens_per_s`` is
     ``output_tokens`` over the time from first delta to last event (hidden reasoning tokens
     are counted in ``output_tokens``, which overstates the rate for reasoning models).
+    ``temperature`` and ``top_p`` are the response's own; ``seed`` is the sampler's seed of a
+    response that was given one (nbresponses and vLLM take ``extra_body={"seed": ...}``;
+    nbresponses keeps it on the Response), NA otherwise.
     """
     rows = []
     for source in collect(objs, None if times is None else list(times)):
@@ -120,7 +136,8 @@ def usage_frame(objs: Any, *, times: Iterable[float] | None = None) -> pd.DataFr
         "streamed": np.array(column["streamed"], dtype=bool),
         **{
             name: np.array(column[name], dtype=np.float64)
-            for name in ("ttft_s", "duration_s", "tokens_per_s")
+            for name in ("ttft_s", "duration_s", "tokens_per_s", "temperature", "top_p")
         },
+        "seed": pd.array(column["seed"], dtype="Int64"),  # exact: seeds exceed float64's 2**53
     }
     return pd.DataFrame(frame, copy=False)

@@ -67,26 +67,43 @@ Terminal = Literal["completed", "incomplete", "failed", "cancelled"]
 
 @dataclass(frozen=True)
 class TokenLogprob:
-    """One generated token's logprob in protocol terms (display string, bytes, alternatives)."""
+    """One generated token's logprob in protocol terms (display string, bytes, alternatives).
+
+    ``processed_logprob`` (vLLM's ``logprobs_mode="processed_logprobs"``): the token's logprob
+    under the distribution it was drawn from, sent as an extra field of OpenAI's logprob
+    objects beside the raw ``logprob`` (the SDK's types keep extra fields)."""
 
     token: str
     bytes: list[int]
     logprob: float
     top: list[tuple[str, list[int], float]]
+    processed_logprob: float | None = None
+
+    def _extra(self) -> dict[str, Any]:
+        processed = self.processed_logprob
+        return {} if processed is None else {"processed_logprob": processed}
 
     def for_output(self) -> output_text.Logprob:
         tops = [output_text.LogprobTopLogprob(token=t, bytes=b, logprob=v) for t, b, v in self.top]
         return output_text.Logprob(
-            token=self.token, bytes=self.bytes, logprob=self.logprob, top_logprobs=tops
+            token=self.token,
+            bytes=self.bytes,
+            logprob=self.logprob,
+            top_logprobs=tops,
+            **self._extra(),
         )
 
     def for_delta(self) -> text_delta.Logprob:
         tops = [text_delta.LogprobTopLogprob(token=t, logprob=v) for t, _, v in self.top]
-        return text_delta.Logprob(token=self.token, logprob=self.logprob, top_logprobs=tops)
+        return text_delta.Logprob(
+            token=self.token, logprob=self.logprob, top_logprobs=tops, **self._extra()
+        )
 
     def for_done(self) -> text_done.Logprob:
         tops = [text_done.LogprobTopLogprob(token=t, logprob=v) for t, _, v in self.top]
-        return text_done.Logprob(token=self.token, logprob=self.logprob, top_logprobs=tops)
+        return text_done.Logprob(
+            token=self.token, logprob=self.logprob, top_logprobs=tops, **self._extra()
+        )
 
 
 class EventBuilder:

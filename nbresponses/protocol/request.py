@@ -36,11 +36,13 @@ TOOL = TypeAdapter(Tool)
 MAX_DEPTH = 100  # levels of nesting in any parameter (a JSON schema needs far fewer)
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
-# Parameters beyond OpenAI's (sent as the SDK's ``extra_body``), documented in docs/concepts.
-# repetition_guard: a constrained value that only repeats itself is stopped (structured.md).
-EXTENSIONS = frozenset({"repetition_guard"})
 # Accepted because they are labels echoed on the Response, with no behaviour to honour.
 ECHOED = ("user", "safety_identifier", "prompt_cache_key")
+# Not in the SDK (sent with ``extra_body``): vLLM's extension parameters that we honour, by
+# vLLM's names (``_extensions``), and our repetition_guard (docs/concepts/structured.md).
+EXTENSIONS = frozenset({"seed", "logprobs_mode", "repetition_guard"})
+LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
+INT64 = (-(2**63), 2**63 - 1)  # vLLM's bounds for ``seed``
 # In the SDK, not supported by a local chat-template engine.
 REJECTED = frozenset(
     {
@@ -83,6 +85,9 @@ class CreateRequest:
     text_format: dict[str, Any] | None = None
     echoed: dict[str, str] = field(default_factory=dict)
     repetition_guard: bool = True
+    # extensions (``EXTENSIONS``): the sampler's seed; logprobs of the processed distribution
+    seed: int | None = None
+    logprobs_mode: str = "raw_logprobs"
 
 
 def given(value: Any) -> bool:
@@ -142,7 +147,30 @@ def parse_create(kwargs: Mapping[str, Any], *, model: str) -> CreateRequest:
         raise unsupported("truncation", "only 'disabled' (an over-long prompt is an error).")
     req.echoed = {k: _opt_str(params, k) for k in ECHOED if k in params}  # type: ignore[misc]
     req.repetition_guard = _bool(params, "repetition_guard", True)
+    _extensions(req, params)
     return req
+
+
+def _extensions(req: CreateRequest, params: Mapping[str, Any]) -> None:
+    """vLLM's sampling extensions, with vLLM's names and types: ``seed`` (any int64; the
+    same seed gives the same tokens alone, batched, streamed or not) and ``logprobs_mode``
+    ("raw_logprobs", the default, or "processed_logprobs": each token's logprob under the
+    distribution it was drawn from is reported beside the raw one)."""
+    req.seed = _int(params, "seed", *INT64)
+    mode = params.get("logprobs_mode", "raw_logprobs")
+    if mode not in LOGPROBS_MODES:
+        allowed = " or ".join(f"'{m}'" for m in LOGPROBS_MODES)
+        raise bad_request(
+            f"Invalid 'logprobs_mode': {mode!r}; it must be {allowed} (logits are not reported).",
+            param="logprobs_mode",
+        )
+    if mode != "raw_logprobs" and not req.logprobs:
+        raise bad_request(
+            f"logprobs_mode '{mode}' needs logprobs: add "
+            f"include=['{LOGPROBS_INCLUDE}'] (or top_logprobs > 0).",
+            param="logprobs_mode",
+        )
+    req.logprobs_mode = mode
 
 
 def check_values(params: Mapping[str, Any]) -> None:

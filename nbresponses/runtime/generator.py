@@ -125,6 +125,42 @@ class GenerationStream:
             request.cancelled = True
 
 
+class AdmissionGate:
+    """Holds the next ``count`` requests and queues them at once (``TokenGenerator.together``):
+    they reach one admission round, where identical prompts share one prefill."""
+
+    def __init__(self, generator: TokenGenerator, count: int) -> None:
+        self._generator = generator
+        self.remaining = count
+        self.held: list[Request] = []
+        self.released = False
+
+    def take(self, request: Request | None) -> None:
+        """Count one ``generate`` call: its request, or None when it raised before queueing."""
+        if request is not None:
+            self.held.append(request)
+        self.remaining -= 1
+        if self.remaining <= 0:
+            self.release()
+
+    def release(self) -> None:
+        """Queue what is held (also when fewer than ``count`` came: an error, a cancellation)."""
+        if self.released:
+            return
+        self.released = True
+        if self._generator._gate is self:
+            self._generator._gate = None
+        held, self.held = self.held, []
+        if held:
+            self._generator._scheduler.submit_many(held)
+
+    def __enter__(self) -> AdmissionGate:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
 class TokenGenerator:
     """Continuous-batching ONNX Runtime engine; implements ``TokenSource``."""
 
@@ -162,6 +198,7 @@ class TokenGenerator:
             prefix_cache=self.prefix_cache,
         )
         self._closed = False
+        self._gate: AdmissionGate | None = None
 
     @classmethod
     async def load(
@@ -203,6 +240,28 @@ class TokenGenerator:
         the vocabulary or invalid sampling settings. The stop token (eos or one of
         ``stop_token_ids``) is included in the final step, with ``finish_reason="stop"``.
         """
+        try:
+            prompt = self._check_request(prompt_ids, params)
+        except Exception:
+            if self._gate is not None:
+                self._gate.take(None)
+            raise
+        return self._submit(prompt, params, stats)
+
+    def together(self, count: int) -> AdmissionGate:
+        """Hold the next ``count`` ``generate`` calls and queue their requests at once, when
+        the last one comes or the gate is released (``with engine.together(n): ...``), so they
+        are admitted in one round (as many as the batch takes) and identical prompts among them
+        are prefilled once: ``n`` samples of one prompt share its KV. Call it from the event
+        loop that makes the requests."""
+        if count < 1:
+            raise ValueError(f"count must be >= 1, got {count}")
+        if self._gate is not None:
+            self._gate.release()
+        self._gate = AdmissionGate(self, count)
+        return self._gate
+
+    def _check_request(self, prompt_ids: Sequence[int], params: SamplingParams) -> tuple[int, ...]:
         if self._closed:
             raise RuntimeError("the engine is closed")
         sampling.validate(params)
@@ -220,7 +279,7 @@ class TokenGenerator:
                 f"the prompt and the forced tokens ({len(prompt) + len(params.forced_tokens)}) "
                 f"are longer than the model's context ({self._context_length})"
             )
-        return self._submit(prompt, params, stats)
+        return prompt
 
     def score(
         self,
@@ -292,7 +351,10 @@ class TokenGenerator:
             budget_tokens=min(len(prompt) + params.max_tokens, self._context_length),
             score_from=score_from,
         )
-        self._scheduler.submit(request)
+        if self._gate is not None and not score_from:
+            self._gate.take(request)
+        else:
+            self._scheduler.submit(request)
         return GenerationStream(self._scheduler, request, queue)
 
     # -- control ------------------------------------------------------------------------------
@@ -338,6 +400,8 @@ class TokenGenerator:
         """Stop the worker; unfinished requests end with ``cancelled``."""
         if not self._closed:
             self._closed = True
+            if self._gate is not None:  # held requests end cancelled, as queued ones do
+                self._gate.release()
             await asyncio.to_thread(self._scheduler.close)
 
     close = aclose
@@ -345,6 +409,8 @@ class TokenGenerator:
     def close_sync(self) -> None:
         if not self._closed:
             self._closed = True
+            if self._gate is not None:
+                self._gate.release()
             self._scheduler.close()
 
     async def __aenter__(self) -> TokenGenerator:

@@ -4,11 +4,15 @@ Logprobs are those of the model's own distribution: a float32 log-softmax over t
 of the raw logits, *before* temperature, top-k or top-p. This is what OpenAI reports, and it keeps
 logprobs comparable across sampling settings. Sampling draws from the tempered, filtered
 distribution with the request's own numpy Generator, so a seed gives the same tokens whether the
-request runs alone or batched (one uniform draw per token, nothing shared between rows).
+request runs alone or batched (one uniform draw per token, nothing shared between rows). On
+request (``SamplingParams.processed_logprobs``, vLLM's ``logprobs_mode="processed_logprobs"``)
+each token also gets its logprob under the distribution it was drawn from, computed from the
+very support the draw used.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import numpy as np
@@ -34,6 +38,10 @@ def validate(params: SamplingParams) -> None:
             f"max_tokens ({params.max_tokens}) must equal the number of forced tokens "
             f"({len(params.forced_tokens)})"
         )
+    if params.seed is not None and (
+        isinstance(params.seed, bool) or not isinstance(params.seed, int | np.integer)
+    ):
+        raise ValueError(f"seed must be an integer or None, got {params.seed!r}")
     if not 0 <= params.top_logprobs <= MAX_TOP_LOGPROBS:
         raise ValueError(
             f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {params.top_logprobs}"
@@ -41,7 +49,27 @@ def validate(params: SamplingParams) -> None:
 
 
 def make_rng(params: SamplingParams) -> np.random.Generator:
-    return np.random.default_rng(params.seed)
+    """The request's own generator. A seed is any int64 (vLLM's range); a negative one is read
+    as its two's complement, so every seed names one stream and non-negative seeds keep
+    numpy's own meaning. No seed: fresh OS entropy."""
+    return np.random.default_rng(None if params.seed is None else params.seed % 2**64)
+
+
+def derived_seeds(seed: int, n: int) -> list[int]:
+    """The seeds of ``n`` completions drawn with one ``seed`` (``Engine.sample``): the first
+    ``n`` 64-bit words of ``numpy.random.SeedSequence(seed mod 2**64)``, shifted right by one
+    bit (each a valid int64 seed, 0 <= s < 2**63). Independent streams, none equal to ``seed``
+    itself or to those of a neighbouring seed; the first ``k`` of ``n`` are those of ``k``."""
+    if n < 1:
+        return []
+    words = np.random.SeedSequence(seed % 2**64).generate_state(n, np.uint64)
+    return [int(w) >> 1 for w in words]
+
+
+def fresh_seed() -> int:
+    """A seed from OS entropy (0 <= s < 2**63), for a sample that was given none: drawn once,
+    so every completion's seed is known and can be replayed."""
+    return int(np.random.SeedSequence().generate_state(1, np.uint64)[0]) >> 1
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -56,7 +84,19 @@ def choose(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator)
     """Pick the next token: argmax when greedy, else a draw after temperature, top-k, top-p."""
     if params.temperature == 0:
         return int(np.argmax(logits))
-    x = logits.astype(np.float64) / params.temperature
+    ids, cdf, _ = _support(logits, params)
+    pick = _draw(cdf, rng)
+    return int(pick if ids is None else ids[pick])
+
+
+def _support(
+    logits: np.ndarray, params: SamplingParams
+) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+    """What a sampled draw chooses among: the token ids (None: the whole vocabulary in id
+    order), the cumulative weights the draw reads (unnormalised), and each token's log weight
+    (tempered logit minus the peak). Shared by ``choose`` and ``processed_logprob``, so the
+    processed distribution is exactly the one drawn from."""
+    x = logits.astype(np.float64) / (params.temperature or 1.0)
     vocab = x.shape[0]
     pool: np.ndarray | None = None  # top-k survivors (None: the whole vocabulary)
     if 0 < params.top_k < vocab:
@@ -64,19 +104,50 @@ def choose(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator)
     values = x if pool is None else x[pool]
     peak = values.max()
     if params.top_p >= 1.0:
-        cdf = np.cumsum(np.exp(values - peak))
-        pick = _draw(cdf, rng)
-    else:
-        # Nucleus over the pool, renormalised; sort only as much of it as the nucleus needs.
-        total = np.exp(values - peak).sum()
-        head = top_k(values, _NUCLEUS_PROBE)
+        logw = values - peak
+        return pool, np.cumsum(np.exp(logw)), logw
+    # Nucleus over the pool, renormalised; sort only as much of it as the nucleus needs.
+    total = np.exp(values - peak).sum()
+    head = top_k(values, _NUCLEUS_PROBE)
+    cum = np.cumsum(np.exp(values[head] - peak)) / total
+    if cum[-1] < params.top_p and head.shape[0] < values.shape[0]:
+        head = top_k(values, values.shape[0])
         cum = np.cumsum(np.exp(values[head] - peak)) / total
-        if cum[-1] < params.top_p and head.shape[0] < values.shape[0]:
-            head = top_k(values, values.shape[0])
-            cum = np.cumsum(np.exp(values[head] - peak)) / total
-        keep = min(int(np.searchsorted(cum, params.top_p, side="left")) + 1, head.shape[0])
-        pick = int(head[_draw(cum[:keep], rng)])
-    return int(pick if pool is None else pool[pick])
+    keep = min(int(np.searchsorted(cum, params.top_p, side="left")) + 1, head.shape[0])
+    kept = head[:keep]
+    return (kept if pool is None else pool[kept]), cum[:keep], values[kept] - peak
+
+
+def processes(params: SamplingParams, masked: bool = False) -> bool:
+    """Whether the distribution a token is drawn from differs from the model's own: a grammar,
+    or, when sampling, a temperature other than 1, top-k or top-p (a greedy request's is the
+    model's own distribution, as in vLLM; its argmax is the token)."""
+    if masked:
+        return True
+    if params.temperature == 0:
+        return False
+    return params.temperature != 1.0 or params.top_p < 1 or params.top_k > 0
+
+
+def processed_logprob(logits: np.ndarray, token_id: int, params: SamplingParams) -> float:
+    """The token's logprob under the distribution a draw picks from (vLLM's
+    ``processed_logprobs``): the logits (masked by a grammar, if any) divided by the
+    temperature, cut to top-k and the top-p nucleus, renormalised. A greedy request's is the
+    (masked) model distribution itself, as in vLLM: its argmax is the token. A token outside
+    the kept set (only a forced one can be) gets -inf."""
+    if params.temperature == 0:
+        params = dataclasses.replace(params, temperature=1.0, top_p=1.0, top_k=0)
+    ids, _, logw = _support(logits, params)
+    if ids is None:
+        where = int(token_id)
+    else:
+        found = np.flatnonzero(ids == token_id)
+        if not found.size:
+            return float("-inf")
+        where = int(found[0])
+    if not np.isfinite(logw[where]):
+        return float("-inf")
+    return float(logw[where] - np.log(np.exp(logw).sum()))
 
 
 def _draw(cdf: np.ndarray, rng: np.random.Generator) -> int:

@@ -1,10 +1,11 @@
 """Continuous batching in one worker thread: admit, prefill, decode one step, emit, repeat.
 
 Each iteration (1) drops cancelled rows, (2) admits waiting requests in FIFO order while the batch
-size and KV budget allow, prefilling each one alone, shortest first (reusing cached prefix KV),
-and merging them into the running batch, then (3) runs one decode step for every row: one
-token each, or, when rows have drafts that pay for a wider step (``speculation``), each row's
-last token plus its draft, verified at once. Finished rows leave at once.
+size and KV budget allow, prefilling each one alone, shortest first (reusing cached prefix KV;
+identical prompts admitted together are prefilled once), and merging them into the running
+batch, then (3) runs one decode step for every row: one token each, or, when rows have drafts
+that pay for a wider step (``speculation``), each row's last token plus its draft, verified at
+once. Finished rows leave at once.
 ONNX Runtime releases the GIL while it computes, so the asyncio loop that consumes the steps (a
 notebook kernel) stays responsive; steps cross to it via ``call_soon_threadsafe``.
 
@@ -28,6 +29,7 @@ logits, so a constrained row is as exact as a free one (``constraints.py``).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import time
@@ -128,10 +130,15 @@ class Scheduler:
     # -- called from any thread ---------------------------------------------------------------
 
     def submit(self, request: Request) -> None:
+        self.submit_many([request])
+
+    def submit_many(self, requests: Sequence[Request]) -> None:
+        """Queue requests at once: the next admission round sees them all (as many as fit),
+        so identical prompts among them share one prefill (``_admit``)."""
         with self._cond:
             if self._stopping:
                 raise RuntimeError("the engine is closed")
-            self._waiting.append(request)
+            self._waiting.extend(requests)
             self._idle.clear()
             self._cond.notify()
 
@@ -215,6 +222,7 @@ class Scheduler:
         # stable: FIFO among equals; a lone request skips the prefix-cache probe
         order = sorted(taken, key=self._uncached_tokens) if len(taken) > 1 else taken
         joined: list[tuple[Request, RowKV]] = []
+        shared: dict[tuple[int, ...], tuple[np.ndarray, RowKV]] = {}  # this round's prefills
         done = 0
         try:
             for request in order:
@@ -226,7 +234,7 @@ class Scheduler:
                     self._score(request)
                     continue
                 try:
-                    row = self._prefill(request)
+                    row = self._prefill(request, shared)
                 except Exception as exc:  # one bad request must not stop the others
                     self._finish(request, Step((), finish_reason="error", error=_describe(exc)))
                     continue
@@ -279,21 +287,37 @@ class Scheduler:
             row = [np.ascontiguousarray(a[:, : len(tokens)]) for a in row]
         return logits[0], row
 
-    def _prefill(self, request: Request) -> RowKV | None:
+    def _prefill(
+        self,
+        request: Request,
+        shared: dict[tuple[int, ...], tuple[np.ndarray, RowKV]] | None = None,
+    ) -> RowKV | None:
         """Run the prompt alone and send its first token. Returns its KV row, or None when the
-        request already finished."""
+        request already finished.
+
+        ``shared`` holds the logits and KV of the prompts prefilled in this admission round: a
+        request whose prompt is one of them (``n`` samples of one prompt) takes them as they
+        are, its whole prompt reused. Exact: a prompt's prefill depends on the prompt alone, and
+        the batch copies the row, so each request draws its own tokens from the same bits."""
         start = time.perf_counter()
         stats = request.stats
         stats.timings["queued_s"] = start - request.submitted_at
         prompt = request.prompt
         pending = self._masks.start([request])
-        cached, past = even_start(prompt, *self.prefix_cache.lookup(prompt))
-        stats.prompt_tokens, stats.cached_tokens = len(prompt), cached
-        self.prefix_cache.served(len(prompt), cached)
-        computed = self._extend(prompt, cached, past, PREFILL_CHUNK)
-        assert computed is not None
-        logits, row = computed
-        self.prefix_cache.store(prompt, row)
+        hit = shared.get(prompt) if shared is not None else None
+        if hit is not None:
+            logits, row = hit
+            stats.prompt_tokens = stats.cached_tokens = len(prompt)
+        else:
+            cached, past = even_start(prompt, *self.prefix_cache.lookup(prompt))
+            stats.prompt_tokens, stats.cached_tokens = len(prompt), cached
+            self.prefix_cache.served(len(prompt), cached)
+            computed = self._extend(prompt, cached, past, PREFILL_CHUNK)
+            assert computed is not None
+            logits, row = computed
+            self.prefix_cache.store(prompt, row)
+            if shared is not None:
+                shared[prompt] = (logits, row)
         stats.timings["prefill_s"] = time.perf_counter() - start
         pending.wait()
         if self._emit(request, logits):
@@ -499,25 +523,31 @@ class Scheduler:
         params = request.params
         forced = params.forced_tokens
         try:
+            drawn_from = logits  # what the token is chosen from (a grammar masks it)
             if forced:
                 token = forced[len(request.generated)]
             elif request.constraint is not None:
-                token = sampling.choose(request.constraint.masked(logits), params, request.rng)
-                token = request.constraint.admit(token)
+                drawn_from = request.constraint.masked(logits)
+                token = sampling.choose(drawn_from, params, request.rng)
+                token = request.constraint.admit(token)  # budget-aware closing may replace it
                 request.constraint.accept(token)
             else:
                 token = sampling.choose(logits, params, request.rng)
             logprob: tuple[TokenIdLogprob, ...] | None = None
             if params.logprobs or params.top_logprobs or params.details or params.distribution:
-                logprob = (
-                    sampling.token_logprob(
-                        logits,
-                        token,
-                        params.top_logprobs,
-                        details=params.details,
-                        distribution=params.distribution,
-                    ),
+                lp = sampling.token_logprob(
+                    logits,
+                    token,
+                    params.top_logprobs,
+                    details=params.details,
+                    distribution=params.distribution,
                 )
+                if params.processed_logprobs:
+                    processed = lp.logprob
+                    if sampling.processes(params, masked=drawn_from is not logits):
+                        processed = sampling.processed_logprob(drawn_from, token, params)
+                    lp = dataclasses.replace(lp, processed=processed)
+                logprob = (lp,)
         except Exception as exc:
             self._finish(request, Step((), finish_reason="error", error=_describe(exc)))
             return True

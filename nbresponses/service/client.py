@@ -230,9 +230,11 @@ class AsyncResponses:
             max_tokens=req.max_output_tokens or client.source.context_length,
             temperature=req.temperature,
             top_p=req.top_p,
+            seed=req.seed,
             stop_token_ids=prompt.stop_token_ids,
             logprobs=req.logprobs,
             top_logprobs=req.top_logprobs,
+            processed_logprobs=req.logprobs_mode == "processed_logprobs",
             constraint=prompt.constraint,
         )
         generation = Generation(prompt_ids=prompt.ids, params=params, decoder=prompt.decoder)
@@ -260,6 +262,13 @@ class AsyncResponses:
         self._client.store.settled(record)
 
     def _response(self, req: CreateRequest) -> Response:
+        # vLLM's extensions the request set, kept on the Response as extra fields (the SDK's
+        # type keeps them; retrieve and the frames read them): ``seed``, ``logprobs_mode``
+        extensions: dict[str, Any] = {}
+        if req.seed is not None:
+            extensions["seed"] = req.seed
+        if req.logprobs_mode != "raw_logprobs":
+            extensions["logprobs_mode"] = req.logprobs_mode
         return Response(
             id=new_id("resp"),
             object="response",
@@ -282,6 +291,7 @@ class AsyncResponses:
             text=_text_config(req),
             truncation="disabled",
             **cast(dict[str, Any], req.echoed),  # labels the SDK echoes (user, ...)
+            **extensions,
         )
 
     # -- what a server needs to know -----------------------------------------------------
@@ -411,6 +421,8 @@ def _stored_request(req: CreateRequest) -> dict[str, Any]:
         "top_logprobs": req.top_logprobs,
         "temperature": req.temperature,
         "top_p": req.top_p,
+        "seed": req.seed,
+        "logprobs_mode": req.logprobs_mode,
         "max_output_tokens": req.max_output_tokens,
         "max_tool_calls": req.max_tool_calls,
         "tool_choice": req.tool_choice,

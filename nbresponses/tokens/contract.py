@@ -81,6 +81,9 @@ class SamplingParams:
     # also the whole next-token log-softmax (float32, vocabulary-sized): for analyses that
     # need every token's probability (word-start mass, full-vocabulary KL); costs a copy
     distribution: bool = False
+    # Also each token's logprob under the distribution it was drawn from (after the grammar
+    # mask, temperature, top-k, top-p): vLLM's ``logprobs_mode="processed_logprobs"``.
+    processed_logprobs: bool = False
     # A grammar for the output: a fresh constraint per generation (ignored with forced_tokens).
     constraint: ConstraintFactory | None = field(default=None, compare=False)
 
@@ -96,6 +99,9 @@ class TokenIdLogprob:
     entropy: float | None = None  # of the full next-token distribution, nats (with ``details``)
     # the full log-softmax this token was drawn from (with ``distribution``; a numpy array)
     distribution: Any = field(default=None, compare=False, repr=False)
+    # under the distribution the token was drawn from (with ``processed_logprobs``); equal to
+    # ``logprob`` when nothing reshapes it (greedy or temperature 1, no top-k/top-p/grammar)
+    processed: float | None = None
 
 
 @dataclass(frozen=True)

@@ -37,10 +37,11 @@ from nbresponses.tokens.contract import (
 class Script:
     """One scripted generation.
 
-    ``logprobs`` gives one chosen-token logprob per token (defaults to a fixed value); the
-    alternatives are made up deterministically from ``alternatives`` ids. ``finish`` is what
-    happens when the script runs out ("stop" unless told otherwise); ``error`` makes the source
-    fail with that message after ``error_after`` tokens. ``delay`` is slept between steps.
+    ``logprobs`` gives one chosen-token logprob per token (defaults to a fixed value) and
+    ``processed_logprobs`` its processed logprob (default: the raw one); the alternatives are
+    made up deterministically from ``alternatives`` ids. ``finish`` is what happens when the
+    script runs out ("stop" unless told otherwise); ``error`` makes the source fail with that
+    message after ``error_after`` tokens. ``delay`` is slept between steps.
     """
 
     token_ids: Sequence[int]
@@ -51,6 +52,7 @@ class Script:
     raise_error: bool = False
     delay: float = 0.0
     cached_tokens: int = 0
+    processed_logprobs: Sequence[float] | None = None  # sent when the request asks for them
     alternatives: Sequence[int] = field(default_factory=lambda: tuple(range(100, 140)))
 
 
@@ -108,7 +110,10 @@ class ScriptedTokenSource:
         value = given[i] if given is not None and i < len(given) else -0.25
         alts = [a for a in script.alternatives if a != token][: max(params.top_logprobs - 1, 0)]
         top = [(token, value), *((a, value - 1.0 - k) for k, a in enumerate(alts))]
-        return TokenIdLogprob(token, value, tuple(top[: params.top_logprobs]))
+        processed = None
+        if params.processed_logprobs:
+            processed = value if script.processed_logprobs is None else script.processed_logprobs[i]
+        return TokenIdLogprob(token, value, tuple(top[: params.top_logprobs]), processed=processed)
 
     async def _run(
         self, script: Script, prompt: list[int], params: SamplingParams, stats: GenerationStats
