@@ -177,3 +177,26 @@ def save_tiny_model(name: str, folder: Path, tokenizer_folder: Path, *, seed: in
     model.save_pretrained(str(folder))
     tokenizer.save_pretrained(str(folder))
     return folder
+
+
+def prepare_tiny(model: Any, graph: Any, folder: Path, tokenizer: Any, recipe: str) -> Any:
+    """A prepared folder of ``model`` (its fused ``graph``, a ``ModelProto``) for a fused
+    ``recipe``, as ``prepare_model`` writes it, without the export and fidelity."""
+    import json
+
+    from nbresponses.models.fused import save_model
+    from nbresponses.models.prepared import PreparedModel
+    from nbresponses.models.recipes import MODEL_FILE, RECIPES, quantize_nbits
+
+    folder.mkdir(parents=True, exist_ok=True)
+    params = RECIPES[recipe].params
+    if params.get("bits", 32) < 32:
+        quantized = quantize_nbits(graph, params["bits"], quantize_head=True)
+        quantized.save_model_to_file(str(folder / MODEL_FILE), use_external_data_format=False)
+    else:
+        save_model(graph, folder / MODEL_FILE)
+    model.config.save_pretrained(str(folder))
+    tokenizer.save_pretrained(str(folder))
+    manifest = {"kind": "prepared", "name": folder.name, "recipe": {"name": recipe, **params}}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return PreparedModel.open(folder)

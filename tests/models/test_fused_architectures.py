@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 from helpers.engine import PROMPTS, chat_ids, collect
-from helpers.tiny_archs import ARCHITECTURES, SLIDING_WINDOW, build_tiny_model, save_tiny_model
+from helpers.tiny_archs import (
+    ARCHITECTURES,
+    SLIDING_WINDOW,
+    build_tiny_model,
+    prepare_tiny,
+    save_tiny_model,
+)
 
 from nbresponses.models import architectures
 from nbresponses.models.fused import (
@@ -27,10 +31,7 @@ from nbresponses.models.fused import (
     UnsupportedArchitecture,
     build_fused_model,
     check_supported,
-    save_model,
 )
-from nbresponses.models.prepared import PreparedModel
-from nbresponses.models.recipes import MODEL_FILE, RECIPES, quantize_nbits
 from nbresponses.runtime.generator import TokenGenerator
 from nbresponses.tokens.contract import SamplingParams
 
@@ -207,28 +208,12 @@ def test_long_rope_stops_at_the_original_context(arch) -> None:
         assert positions == config.max_position_embeddings
 
 
-def _prepared(model, graph: onnx.ModelProto, folder: Path, tokenizer, recipe: str):
-    """A prepared folder as ``prepare_model`` writes it, without the export and fidelity."""
-    folder.mkdir(parents=True, exist_ok=True)
-    params = RECIPES[recipe].params
-    if params.get("bits", 32) < 32:
-        quantized = quantize_nbits(graph, params["bits"], quantize_head=True)
-        quantized.save_model_to_file(str(folder / MODEL_FILE), use_external_data_format=False)
-    else:
-        save_model(graph, folder / MODEL_FILE)
-    model.config.save_pretrained(str(folder))
-    tokenizer.save_pretrained(str(folder))
-    manifest = {"kind": "prepared", "name": folder.name, "recipe": {"name": recipe, **params}}
-    (folder / "manifest.json").write_text(json.dumps(manifest))
-    return PreparedModel.open(folder)
-
-
 async def test_q8_in_the_engine_batched_equals_alone(arch, prompts, tokenizer, tmp_path) -> None:
     """The ``fused-q8`` graph in the engine: every request's tokens and logprobs (top 2 too)
     bit-identical alone and batched with requests of other lengths, joining at other steps."""
     name, model, _ = arch
     graph = build_fused_model(model)  # the quantizer changes the proto in place
-    prepared = _prepared(model, graph, tmp_path / name, tokenizer, "fused-q8")
+    prepared = prepare_tiny(model, graph, tmp_path / name, tokenizer, "fused-q8")
     assert any(n.op_type == "MatMulNBits" for n in onnx.load(str(prepared.onnx_path)).graph.node)
     params = SamplingParams(max_tokens=10, temperature=0, logprobs=True, top_logprobs=2)
     async with TokenGenerator(prepared, tokenizer=tokenizer, prefix_cache_bytes=0) as engine:
@@ -248,7 +233,7 @@ async def test_q8_in_the_engine_batched_equals_alone(arch, prompts, tokenizer, t
 
 async def test_engine_context_stops_where_the_rotary_tables_do(tokenizer, tmp_path) -> None:
     model = build_tiny_model("phi3", len(tokenizer), special_ids={"pad_token_id": 0})
-    prepared = _prepared(
+    prepared = prepare_tiny(
         model, build_fused_model(model), tmp_path / "phi3", tokenizer, "fused-fp32"
     )
     assert prepared.context_length == model.config.max_position_embeddings
