@@ -12,7 +12,7 @@ matrix in ``test_determinism_integration.py``.
 from __future__ import annotations
 
 import pytest
-from helpers.determinism import run_matrix
+from helpers.determinism import one_row_kernel_differs, run_matrix
 from helpers.engine import PROMPTS, chat_ids
 
 from nbresponses.models.prepare import prepare_model
@@ -32,7 +32,16 @@ def short_prefill_runs(monkeypatch):
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
 @pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
-async def test_matrix_on_the_tiny_model(recipe, params, tiny_source, cache_dir, tokenizer):
+async def test_matrix_on_the_tiny_model(recipe, params, tiny_source, cache_dir, tokenizer, request):
+    if recipe == "fused-q4" and one_row_kernel_differs(4):
+        # measured on an AVX2-only CPU: ONNX Runtime's 4-bit kernel computes a lone row (a
+        # batch-1 decode step) in another order than the same row among others; the fused
+        # graph's other recipes are row-exact there too (docs/concepts/determinism.md)
+        request.applymarker(
+            pytest.mark.xfail(
+                strict=True, reason="this CPU's one-row 4-bit MatMulNBits kernel is not row-exact"
+            )
+        )
     prepared = prepare_model(tiny_source, recipe, cache_dir=cache_dir, progress=False)
     prompts = [chat_ids(tokenizer, text) for text in PROMPTS]
     targets = [prompts[0], prompts[4]]  # 37 and 53 tokens
