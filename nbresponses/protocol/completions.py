@@ -31,6 +31,7 @@ from nbresponses.protocol.errors import bad_request, not_found, unsupported
 from nbresponses.protocol.events import TokenLogprob
 from nbresponses.protocol.ids import new_id
 from nbresponses.protocol.request import TRANSPORT, check_values, given
+from nbresponses.protocol.values import integer, number
 
 SDK_PARAMETERS = frozenset(inspect.signature(AsyncCompletions.create).parameters) - {"self"}
 # vLLM's extensions (its OpenAI server) that we honour, and ours.
@@ -100,17 +101,17 @@ def parse_completion(kwargs: Mapping[str, Any], *, model: str) -> CompletionRequ
     if "prompt" not in params:
         raise bad_request("Missing required parameter: 'prompt'.", param="prompt")
     req = CompletionRequest(prompts=_prompts(params["prompt"]), model=model)
-    req.max_tokens = _int(params, "max_tokens", 0, None, DEFAULT_MAX_TOKENS)
+    req.max_tokens = integer(params, "max_tokens", 0, None, DEFAULT_MAX_TOKENS)
     req.echo = _bool(params, "echo")
-    req.logprobs = _opt_int(params, "logprobs", 0, MAX_LOGPROBS)
-    req.prompt_logprobs = _opt_int(params, "prompt_logprobs", 0, MAX_LOGPROBS)
+    req.logprobs = integer(params, "logprobs", 0, MAX_LOGPROBS)
+    req.prompt_logprobs = integer(params, "prompt_logprobs", 0, MAX_LOGPROBS)
     req.stream = _bool(params, "stream")
     req.include_usage = _stream_options(params.get("stream_options"), req.stream)
     req.stop = _stop(params.get("stop"))
-    req.seed = _opt_int(params, "seed", -(2**63), 2**64 - 1)
-    req.temperature = _number(params, "temperature", 0.0, 2.0, 1.0)
-    req.top_p = _number(params, "top_p", 0.0, 1.0, 1.0)
-    req.top_k = _int(params, "top_k", -1, None, 0)
+    req.seed = integer(params, "seed", -(2**63), 2**64 - 1)
+    req.temperature = number(params, "temperature", 0.0, 2.0, 1.0)
+    req.top_p = number(params, "top_p", 0.0, 1.0, 1.0)
+    req.top_k = integer(params, "top_k", -1, None, 0)
     req.ignore_eos = _bool(params, "ignore_eos")
     method = params.get("score_method", "prefill")
     if method not in ("prefill", "decode"):
@@ -173,37 +174,6 @@ def _bool(params: Mapping[str, Any], key: str) -> bool:
     if not isinstance(value, bool):
         raise bad_request(f"Invalid type for '{key}': expected a boolean.", param=key)
     return value
-
-
-def _opt_int(params: Mapping[str, Any], key: str, low: int, high: int | None) -> int | None:
-    if key not in params:
-        return None
-    return _int(params, key, low, high, 0)
-
-
-def _int(params: Mapping[str, Any], key: str, low: int, high: int | None, default: int) -> int:
-    value = params.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise bad_request(f"Invalid type for '{key}': expected an integer.", param=key)
-    if value < low or (high is not None and value > high):
-        bound = f"between {low} and {high}" if high is not None else f"at least {low}"
-        raise bad_request(
-            f"Invalid '{key}': {value}; it must be {bound}.", param=key, code="integer_out_of_range"
-        )
-    return value
-
-
-def _number(params: Mapping[str, Any], key: str, low: float, high: float, default: float) -> float:
-    value = params.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise bad_request(f"Invalid type for '{key}': expected a number.", param=key)
-    if not low <= value <= high:
-        raise bad_request(
-            f"Invalid '{key}': {value}; it must be between {low} and {high}.",
-            param=key,
-            code="decimal_out_of_range",
-        )
-    return float(value)
 
 
 def _stop(value: Any) -> list[str]:

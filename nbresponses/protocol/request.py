@@ -22,6 +22,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from nbresponses.protocol.errors import bad_request, not_found, unsupported
 from nbresponses.protocol.items import InputItem, normalize_input
+from nbresponses.protocol.values import integer, number
 from nbresponses.tools import registry
 from nbresponses.tools.base import ToolOptionError
 
@@ -126,17 +127,17 @@ def parse_create(kwargs: Mapping[str, Any], *, model: str) -> CreateRequest:
     if req.background and not req.store:
         raise bad_request("Background responses must be stored: set store=True.", param="store")
     req.previous_response_id = _opt_str(params, "previous_response_id")
-    req.max_output_tokens = _int(params, "max_output_tokens", 1, None)
-    req.temperature = _number(params, "temperature", 0.0, 2.0, 1.0)
-    req.top_p = _number(params, "top_p", 0.0, 1.0, 1.0)
-    req.top_logprobs = _int(params, "top_logprobs", 0, 20) or 0
+    req.max_output_tokens = integer(params, "max_output_tokens", 1, None)
+    req.temperature = number(params, "temperature", 0.0, 2.0, 1.0)
+    req.top_p = number(params, "top_p", 0.0, 1.0, 1.0)
+    req.top_logprobs = integer(params, "top_logprobs", 0, 20) or 0
     req.include = _include(params.get("include", []))
     # top_logprobs > 0 asks for alternatives, which only make sense with the logprobs.
     req.logprobs = LOGPROBS_INCLUDE in req.include or req.top_logprobs > 0
     req.all_tools = _tools(params.get("tools", []))
     req.tools = [t for t in req.all_tools if isinstance(t, FunctionTool)]
     req.builtin_tools = [t for t in req.all_tools if not isinstance(t, FunctionTool)]
-    req.max_tool_calls = _int(params, "max_tool_calls", 1, None)
+    req.max_tool_calls = integer(params, "max_tool_calls", 1, None)
     _tool_choice(req, params.get("tool_choice", "auto"))
     req.parallel_tool_calls = _bool(params, "parallel_tool_calls", True)
     req.metadata = _metadata(params.get("metadata"))
@@ -156,7 +157,7 @@ def _extensions(req: CreateRequest, params: Mapping[str, Any]) -> None:
     same seed gives the same tokens alone, batched, streamed or not) and ``logprobs_mode``
     ("raw_logprobs", the default, or "processed_logprobs": each token's logprob under the
     distribution it was drawn from is reported beside the raw one)."""
-    req.seed = _int(params, "seed", *INT64)
+    req.seed = integer(params, "seed", *INT64)
     mode = params.get("logprobs_mode", "raw_logprobs")
     if mode not in LOGPROBS_MODES:
         allowed = " or ".join(f"'{m}'" for m in LOGPROBS_MODES)
@@ -217,33 +218,6 @@ def _bool(params: Mapping[str, Any], key: str, default: bool) -> bool:
     if not isinstance(value, bool):
         raise bad_request(f"Invalid type for '{key}': expected a boolean.", param=key)
     return value
-
-
-def _int(params: Mapping[str, Any], key: str, low: int, high: int | None) -> int | None:
-    value = params.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise bad_request(f"Invalid type for '{key}': expected an integer.", param=key)
-    if value < low or (high is not None and value > high):
-        bound = f"between {low} and {high}" if high is not None else f"at least {low}"
-        raise bad_request(
-            f"Invalid '{key}': {value}; it must be {bound}.", param=key, code="integer_out_of_range"
-        )
-    return value
-
-
-def _number(params: Mapping[str, Any], key: str, low: float, high: float, default: float) -> float:
-    value = params.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise bad_request(f"Invalid type for '{key}': expected a number.", param=key)
-    if not low <= value <= high:
-        raise bad_request(
-            f"Invalid '{key}': {value}; it must be between {low} and {high}.",
-            param=key,
-            code="decimal_out_of_range",
-        )
-    return float(value)
 
 
 def _include(value: Any) -> list[str]:

@@ -13,19 +13,10 @@ import pytest
 from helpers.schema_battery import BATTERY
 from pydantic import BaseModel
 
-from nbresponses.engine import Engine
 from nbresponses.grammar import SchemaError, check_schema
-from nbresponses.runtime.generator import TokenGenerator
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1200)]
 BUDGET = 400
-
-
-@pytest.fixture
-async def engine(bundled_model):
-    engine = Engine(TokenGenerator(bundled_model))
-    yield engine
-    await engine.aclose()
 
 
 def _format(name: str, schema: dict) -> dict:

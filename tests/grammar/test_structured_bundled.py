@@ -134,13 +134,6 @@ GENERATED = [(f"generated_{seed}", _generated(seed)) for seed in range(12)]
 SCHEMAS = HANDWRITTEN + GENERATED
 
 
-@pytest.fixture
-async def engine(bundled_model):
-    engine = Engine(TokenGenerator(bundled_model))
-    yield engine
-    await engine.aclose()
-
-
 def _format(name: str, schema: dict) -> dict:
     return {"format": {"type": "json_schema", "name": name, "schema": schema, "strict": True}}
 
