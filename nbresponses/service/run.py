@@ -114,6 +114,34 @@ class ResponseRun:
 
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self._run(), name=f"nbr-{self.id}")
+        self.task.add_done_callback(self._never_ran)
+
+    def _never_ran(self, task: asyncio.Task[None]) -> None:
+        """A task cancelled before its first step never enters ``_run`` (so its ``finally``
+        never settles the response): a stream closed right after ``response.created`` would
+        wait for ``done`` forever. Settle it here as cancelled, with nothing generated."""
+        if self.done.is_set() or self._gen is None:
+            return
+        prompt_tokens = len(self._gen.prompt_ids)
+        if self._decoder is not None:
+            with contextlib.suppress(Exception):
+                self._decoder.finish(cut=True)
+        usage = build_usage(
+            input_tokens=prompt_tokens, cached_tokens=0, output_tokens=0, reasoning_tokens=0
+        )
+        self.builder.finish("cancelled", usage)
+        self._settle({"wall_s": 0.0})
+
+    def _settle(self, timings: dict[str, float]) -> None:
+        """The end of every run: keep the timings, drop what only generation needs, let the
+        creator store the result, then wake whoever waits."""
+        self.timings = timings
+        self._release()
+        if self.on_done is not None:
+            with contextlib.suppress(Exception):
+                self.on_done()
+        self.done.set()
+        self._append_nothing()
 
     def cancel(self) -> None:
         if self.task is not None and not self.task.done():
@@ -207,13 +235,7 @@ class ResponseRun:
         finally:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await decoder.aclose()
-            self.timings = _timings(stats, started)
-            self._release()
-            if self.on_done is not None:
-                with contextlib.suppress(Exception):
-                    self.on_done()
-            self.done.set()
-            self._append_nothing()
+            self._settle(_timings(stats, started))
 
     async def _round(
         self,

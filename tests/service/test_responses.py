@@ -511,6 +511,23 @@ async def test_closing_a_stream_stops_generation(tokenizer):
     assert stored.status == "cancelled"
 
 
+@pytest.mark.timeout(30)
+async def test_closing_a_stream_at_its_first_event_ends_the_response(tokenizer):
+    """``response.created`` arrives before the generation task took its first step; closing
+    there cancels a task that never ran, and the response still settles (it used to hang)."""
+    client, source = client_for(tokenizer, Script(ids(tokenizer, "la " * 100), delay=0.002))
+    stream = await client.responses.create(input="sing", stream=True)
+    async with stream:
+        async for e in stream:
+            assert e.type == "response.created"
+            break
+    stored = await client.responses.retrieve(stream.response_id)
+    assert stored.status == "cancelled" and stored.output == []
+    assert stored.usage is not None and stored.usage.output_tokens == 0
+    assert stored.usage.input_tokens > 0
+    assert source.prompts == []  # the engine was never asked
+
+
 async def test_cached_tokens_reported(tokenizer):
     client, _ = client_for(tokenizer, Script(ids(tokenizer, "ok"), cached_tokens=7))
     r = await client.responses.create(input="x")
