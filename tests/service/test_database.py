@@ -18,7 +18,8 @@ import pytest
 from helpers.responses import client_for
 from openai.types.responses import Response
 
-from nbresponses.service.database import MIGRATIONS, ResponseDatabase, StoreWarning
+from nbresponses.service.database import ResponseDatabase, StoreWarning
+from nbresponses.service.storage.schema import MIGRATIONS
 
 
 @pytest.fixture
@@ -244,7 +245,7 @@ def test_migrations_run_once_and_keep_data(db_path, monkeypatch):
     with sqlite3.connect(db_path) as db:
         assert db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
     monkeypatch.setattr(
-        "nbresponses.service.database.MIGRATIONS",
+        "nbresponses.service.storage.schema.MIGRATIONS",
         [*MIGRATIONS, "ALTER TABLE responses ADD COLUMN note TEXT;"],
     )
     ResponseDatabase(db_path).close()

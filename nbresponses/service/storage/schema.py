@@ -1,0 +1,159 @@
+"""The table of stored responses, its full-text index, and how a file gets there.
+
+Why versioned migrations: the file outlives the nbresponses that wrote it. ``PRAGMA
+user_version`` counts the migrations that ran; each runs once, in one transaction (two
+processes opening a new file at once do not both run it), and a file from a newer nbresponses
+is left untouched. The row's columns beside the Response JSON (status, tokens, text) are what
+``nbr.history()`` filters on without parsing JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from nbresponses.service.storage.errors import StoreError, is_read_only
+
+Row = dict[str, Any]
+RUNNING = ("queued", "in_progress")  # a row in these is being written by a live process
+
+# One entry per schema version; a database at version N runs the entries after N, in order.
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE responses (
+        n INTEGER PRIMARY KEY,              -- stable rowid: the FTS index points at it
+        id TEXT NOT NULL UNIQUE,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        model TEXT,
+        status TEXT NOT NULL,
+        background INTEGER NOT NULL DEFAULT 0,
+        previous_response_id TEXT,
+        input_tokens INTEGER,
+        output_tokens INTEGER,
+        reasoning_tokens INTEGER,
+        cached_tokens INTEGER,
+        metadata TEXT,                       -- JSON object
+        error TEXT,
+        recipe TEXT,
+        model_hash TEXT,
+        owner TEXT,                          -- the process writing it while it runs
+        hidden INTEGER NOT NULL DEFAULT 0,   -- deleted or expired; kept while a child needs it
+        response TEXT NOT NULL,              -- the Response (output, logprobs, usage, error)
+        input TEXT NOT NULL,                 -- this request's input items
+        replay TEXT,                         -- output items as the model saw them, when other
+        events TEXT,                         -- a background response's events, for retrieve
+        request TEXT,                        -- the create parameters
+        engine TEXT,                         -- timings and the prepared model's provenance
+        input_text TEXT,
+        output_text TEXT,
+        size INTEGER NOT NULL
+    );
+    CREATE INDEX responses_created ON responses(created_at);
+    CREATE INDEX responses_previous ON responses(previous_response_id);
+    CREATE INDEX responses_running ON responses(status) WHERE status IN ('queued', 'in_progress');
+    CREATE VIRTUAL TABLE responses_fts USING fts5(
+        input_text, output_text, content='responses', content_rowid='n',
+        tokenize='porter unicode61'
+    );
+    CREATE TRIGGER responses_ai AFTER INSERT ON responses BEGIN
+        INSERT INTO responses_fts(rowid, input_text, output_text)
+        VALUES (new.n, new.input_text, new.output_text);
+    END;
+    CREATE TRIGGER responses_ad AFTER DELETE ON responses BEGIN
+        INSERT INTO responses_fts(responses_fts, rowid, input_text, output_text)
+        VALUES ('delete', old.n, old.input_text, old.output_text);
+    END;
+    CREATE TRIGGER responses_au AFTER UPDATE OF input_text, output_text ON responses BEGIN
+        INSERT INTO responses_fts(responses_fts, rowid, input_text, output_text)
+        VALUES ('delete', old.n, old.input_text, old.output_text);
+        INSERT INTO responses_fts(rowid, input_text, output_text)
+        VALUES (new.n, new.input_text, new.output_text);
+    END;
+    """,
+]
+
+COLUMNS = (
+    "id", "created_at", "updated_at", "model", "status", "background", "previous_response_id",
+    "input_tokens", "output_tokens", "reasoning_tokens", "cached_tokens", "metadata", "error",
+    "recipe", "model_hash", "owner", "response", "input", "replay", "events", "request",
+    "engine", "input_text", "output_text", "size",
+)  # fmt: skip
+
+UPSERT = (
+    f"INSERT INTO responses ({', '.join(COLUMNS)}) VALUES ({', '.join('?' for _ in COLUMNS)}) "
+    "ON CONFLICT(id) DO UPDATE SET "
+    + ", ".join(f"{c} = excluded.{c}" for c in COLUMNS if c not in ("id", "created_at"))
+)
+
+
+def connect(path: str | os.PathLike[str], busy_timeout: float) -> sqlite3.Connection:
+    """A connection to the file, usable from any thread (one at a time)."""
+    try:
+        db = sqlite3.connect(
+            path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
+        )
+        db.row_factory = sqlite3.Row
+        # before anything is written (a no-op on a file that has tables): retention's
+        # deletes give their pages back to the disk (PRAGMA incremental_vacuum)
+        db.execute("PRAGMA auto_vacuum=INCREMENTAL")
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")  # WAL: durable at checkpoints, never corrupt
+        db.execute("PRAGMA foreign_keys=ON")
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(f"{path} cannot be opened as a response store: {exc}") from exc
+    return db
+
+
+def migrate(db: sqlite3.Connection, path: Path) -> sqlite3.OperationalError | None:
+    """Bring the file to the current schema; the error when it is read-only (then it is read
+    as it is), else None. A file that cannot be used raises ``StoreError``."""
+    try:
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version > len(MIGRATIONS):
+            raise StoreError(
+                f"{path} has schema version {version}, written by a newer nbresponses "
+                f"(this one knows {len(MIGRATIONS)}); it is left untouched."
+            )
+        if version < len(MIGRATIONS):
+            _run_migrations(db)
+    except sqlite3.OperationalError as exc:
+        if is_read_only(exc):
+            return exc
+        raise StoreError(f"{path}: the schema could not be set up: {exc}") from exc
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(f"{path} is not a usable response store: {exc}") from exc
+    return None
+
+
+def _run_migrations(db: sqlite3.Connection) -> None:
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        version = db.execute("PRAGMA user_version").fetchone()[0]  # another process?
+        for number in range(version, len(MIGRATIONS)):
+            for statement in _statements(MIGRATIONS[number]):
+                db.execute(statement)
+        db.execute(f"PRAGMA user_version={len(MIGRATIONS)}")
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+
+
+def _statements(script: str) -> list[str]:
+    """Split a migration into statements (triggers hold ``;`` inside BEGIN ... END)."""
+    statements, current = [], ""
+    for line in script.splitlines():
+        current += line + "\n"
+        if sqlite3.complete_statement(current):
+            statements.append(current.strip())
+            current = ""
+    return [s for s in statements if s.strip(" ;\n")]
+
+
+def dumps(value: Any) -> str:
+    """JSON as the row's columns hold it: compact, unicode kept."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
