@@ -23,6 +23,7 @@ from nbresponses.service.codec import from_rows, to_row
 from nbresponses.service.database import RUNNING, ResponseDatabase
 from nbresponses.service.footprint import footprint
 from nbresponses.service.record import Record
+from nbresponses.service.run import ResponseRun
 
 __all__ = ["Record", "ResponseStore"]
 
@@ -112,6 +113,12 @@ class ResponseStore:
         if record is not None:
             self._uncount(record)
         return record
+
+    def finished(self, run: ResponseRun) -> None:
+        """A run's callback as it ends: settle its record, when this store holds it."""
+        record = self._records.get(run.id)
+        if record is not None and record.run is run:
+            self.settled(record)
 
     def settled(self, record: Record, *, write: bool = True) -> None:
         """A stored run finished: write it, count it and enforce the bounds."""
