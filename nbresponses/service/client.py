@@ -28,7 +28,7 @@ from nbresponses.service.completions import AsyncCompletions
 from nbresponses.service.database import RUNNING, StorePath, open_database
 from nbresponses.service.record import Record
 from nbresponses.service.run import Generation, ResponseRun
-from nbresponses.service.store import ResponseStore
+from nbresponses.service.store import STORE_DEFAULTS, ResponseStore
 from nbresponses.service.stream import ResponseEventStream
 from nbresponses.tokens.contract import SamplingParams, Tokenizer, TokenSource
 
@@ -52,18 +52,19 @@ class AsyncResponsesClient:
         model: str,
         family: FamilyName | Family = "auto",
         config: Any = None,
-        store_max_responses: int = 1000,
-        store_max_bytes: int = 64 * 2**20,
-        store_path: StorePath = "memory",
-        store_keep_days: float | None = None,
-        store_max_disk_bytes: int | None = None,
+        store_max_responses: int = STORE_DEFAULTS.max_responses,
+        store_max_bytes: int = STORE_DEFAULTS.max_bytes,
+        store_path: StorePath = STORE_DEFAULTS.client_path,
+        store_keep_days: float | None = STORE_DEFAULTS.keep_days,
+        store_max_disk_bytes: int | None = STORE_DEFAULTS.max_disk_bytes,
         provenance: Mapping[str, Any] | None = None,
     ) -> None:
         """``store_path``: where stored responses are kept (see ``open_database``): a SQLite
-        file (None: the default, in the user's data dir), "memory" (this process only, the
-        default here) or "off" (nothing kept). ``store_max_responses`` / ``store_max_bytes``
-        bound what is held in memory; ``store_keep_days`` / ``store_max_disk_bytes`` what
-        the file keeps. ``provenance`` (model name, recipe, hash) is stored with each response.
+        file (None: the default file in the user's data dir), "memory" (this process only,
+        the default here; ``StoreDefaults`` says why) or "off" (nothing kept).
+        ``store_max_responses`` / ``store_max_bytes`` bound what is held in memory;
+        ``store_keep_days`` / ``store_max_disk_bytes`` what the file keeps. ``provenance``
+        (model name, recipe, hash) is stored with each response.
         """
         self.source = source
         self.tokenizer = tokenizer
