@@ -19,6 +19,7 @@ from nbresponses.models.prepared import PreparedModel
 from nbresponses.runtime.generator import TokenGenerator
 from nbresponses.service.client import AsyncResponsesClient
 from nbresponses.service.database import StorePath
+from nbresponses.service.store import STORE_DEFAULTS
 
 if TYPE_CHECKING:
     from nbresponses.runtime.lens import LogitLens
@@ -36,11 +37,12 @@ class Engine:
 
     def __init__(self, generator: TokenGenerator, **client_options: Any) -> None:
         """``client_options`` go to ``AsyncResponsesClient``: the store's bounds and place
-        (``store_path``: by default the SQLite file in the user's data dir)."""
+        (``store_path``: by default the SQLite file in the user's data dir, where a bare
+        client keeps this process's memory; ``StoreDefaults`` says why)."""
         self.generator = generator
         self._inprocess: InProcessServer | None = None
         self._lens: LogitLens | None = None  # opened by the first logit_lens()
-        client_options.setdefault("store_path", None)
+        client_options.setdefault("store_path", STORE_DEFAULTS.engine_path)
         client_options.setdefault("provenance", _provenance(generator.prepared))
         self._client = AsyncResponsesClient(
             generator,
@@ -58,11 +60,11 @@ class Engine:
         *,
         cache_dir: str | os.PathLike[str] | None = None,
         progress: bool = True,
-        store_path: StorePath = None,
-        store_max_responses: int = 1000,
-        store_max_bytes: int = 64 * 2**20,
-        store_keep_days: float | None = None,
-        store_max_disk_bytes: int | None = None,
+        store_path: StorePath = STORE_DEFAULTS.engine_path,
+        store_max_responses: int = STORE_DEFAULTS.max_responses,
+        store_max_bytes: int = STORE_DEFAULTS.max_bytes,
+        store_keep_days: float | None = STORE_DEFAULTS.keep_days,
+        store_max_disk_bytes: int | None = STORE_DEFAULTS.max_disk_bytes,
         **engine_options: Any,
     ) -> Engine:
         """Prepare (once, cached) and load ``model`` — by default the bundled SmolLM2.

@@ -18,7 +18,7 @@ from openai.types.responses import Response, ResponseItemList
 from openai.types.responses.response_text_config import ResponseTextConfig
 from openai.types.shared.response_format_text import ResponseFormatText
 
-from nbresponses.families.base import Family
+from nbresponses.families.base import Family, RenderedPrompt
 from nbresponses.families.registry import FamilyName, select_family
 from nbresponses.protocol.errors import bad_request, response_not_found, unsupported
 from nbresponses.protocol.ids import new_id
@@ -28,7 +28,7 @@ from nbresponses.service.completions import AsyncCompletions
 from nbresponses.service.database import RUNNING, StorePath, open_database
 from nbresponses.service.record import Record
 from nbresponses.service.run import Generation, ResponseRun
-from nbresponses.service.store import ResponseStore
+from nbresponses.service.store import STORE_DEFAULTS, ResponseStore
 from nbresponses.service.stream import ResponseEventStream
 from nbresponses.tokens.contract import SamplingParams, Tokenizer, TokenSource
 
@@ -52,18 +52,19 @@ class AsyncResponsesClient:
         model: str,
         family: FamilyName | Family = "auto",
         config: Any = None,
-        store_max_responses: int = 1000,
-        store_max_bytes: int = 64 * 2**20,
-        store_path: StorePath = "memory",
-        store_keep_days: float | None = None,
-        store_max_disk_bytes: int | None = None,
+        store_max_responses: int = STORE_DEFAULTS.max_responses,
+        store_max_bytes: int = STORE_DEFAULTS.max_bytes,
+        store_path: StorePath = STORE_DEFAULTS.client_path,
+        store_keep_days: float | None = STORE_DEFAULTS.keep_days,
+        store_max_disk_bytes: int | None = STORE_DEFAULTS.max_disk_bytes,
         provenance: Mapping[str, Any] | None = None,
     ) -> None:
         """``store_path``: where stored responses are kept (see ``open_database``): a SQLite
-        file (None: the default, in the user's data dir), "memory" (this process only, the
-        default here) or "off" (nothing kept). ``store_max_responses`` / ``store_max_bytes``
-        bound what is held in memory; ``store_keep_days`` / ``store_max_disk_bytes`` what
-        the file keeps. ``provenance`` (model name, recipe, hash) is stored with each response.
+        file (None: the default file in the user's data dir), "memory" (this process only,
+        the default here; ``StoreDefaults`` says why) or "off" (nothing kept).
+        ``store_max_responses`` / ``store_max_bytes`` bound what is held in memory;
+        ``store_keep_days`` / ``store_max_disk_bytes`` what the file keeps. ``provenance``
+        (model name, recipe, hash) is stored with each response.
         """
         self.source = source
         self.tokenizer = tokenizer
@@ -169,7 +170,7 @@ class AsyncResponses:
     async def create(self, **kwargs: Any) -> Response | ResponseEventStream:
         """Create a response: a ``Response``, or a ``ResponseEventStream`` when ``stream=True``."""
         req = parse_create(kwargs, model=self._client.model)
-        run, _ = self._start(req)
+        run = self._start(req)
         if req.stream:
             return ResponseEventStream(run, owns_run=not req.background)
         if req.background:
@@ -181,34 +182,56 @@ class AsyncResponses:
             raise
         return response.model_copy(deep=True)
 
-    def _start(self, req: CreateRequest) -> tuple[ResponseRun, Record]:
+    def _start(self, req: CreateRequest) -> ResponseRun:
+        """Validate, render, run, store: from here on the run alone writes the response."""
         client = self._client
-        context: list[Any] = []
         if req.background and not client.keeps:
             raise bad_request(
                 "Background responses need a store, and this engine keeps none (store_path='off').",
                 param="background",
             )
-        if req.previous_response_id is not None:
-            parent = client.store.parent(req.previous_response_id)
-            if parent is None:
-                raise bad_request(
-                    f"Previous response with id '{req.previous_response_id}' not found.",
-                    param="previous_response_id",
-                    code="previous_response_not_found",
-                )
-            if not parent.run.done.is_set() or parent.run.response.status in RUNNING:
-                raise bad_request(
-                    f"Previous response '{req.previous_response_id}' is still running.",
-                    param="previous_response_id",
-                )
-            if parent.partial:
-                raise bad_request(
-                    f"The conversation before '{req.previous_response_id}' is no longer "
-                    "stored, so it cannot be continued.",
-                    param="previous_response_id",
-                )
-            context = parent.history()
+        context = self._context(req)
+        prompt = self._render(req, context)
+        params = self._params(req, prompt)
+        generation = Generation(client.source, prompt.ids, params, prompt.decoder)
+        stored = req.store and client.keeps
+        run = ResponseRun(
+            self._response(req),
+            generation,
+            on_done=client.store.finished if stored else None,  # stored before it is seen done
+        )
+        if stored:
+            client.store.put(self._new_record(req, run, context))
+        run.start()
+        return run
+
+    def _context(self, req: CreateRequest) -> list[Any]:
+        """The conversation before this request: its ``previous_response_id``'s history."""
+        if req.previous_response_id is None:
+            return []
+        parent = self._client.store.parent(req.previous_response_id)
+        if parent is None:
+            raise bad_request(
+                f"Previous response with id '{req.previous_response_id}' not found.",
+                param="previous_response_id",
+                code="previous_response_not_found",
+            )
+        if not parent.run.done.is_set() or parent.run.response.status in RUNNING:
+            raise bad_request(
+                f"Previous response '{req.previous_response_id}' is still running.",
+                param="previous_response_id",
+            )
+        if parent.partial:
+            raise bad_request(
+                f"The conversation before '{req.previous_response_id}' is no longer "
+                "stored, so it cannot be continued.",
+                param="previous_response_id",
+            )
+        return parent.history()
+
+    def _render(self, req: CreateRequest, context: list[Any]) -> RenderedPrompt:
+        """The family's prompt for the conversation so far and this request's input."""
+        client = self._client
         check_call_outputs(context, req.input)
         history = [*context, *req.input]
         if not history:
@@ -218,16 +241,19 @@ class AsyncResponses:
             )
         client.family.check(req, history)
         prompt = client.family.render(req, history)
-        room = client.source.context_length - len(prompt.ids)
-        if room < 1:
+        if len(prompt.ids) >= client.source.context_length:
             raise bad_request(
                 f"The prompt has {len(prompt.ids)} tokens; this model's context holds "
                 f"{client.source.context_length}.",
                 param="input",
                 code="context_length_exceeded",
             )
-        params = SamplingParams(
-            max_tokens=req.max_output_tokens or client.source.context_length,
+        return prompt
+
+    def _params(self, req: CreateRequest, prompt: RenderedPrompt) -> SamplingParams:
+        """The sampling the request asked for, with the family's stops and constraint."""
+        return SamplingParams(
+            max_tokens=req.max_output_tokens or self._client.source.context_length,
             temperature=req.temperature,
             top_p=req.top_p,
             seed=req.seed,
@@ -237,29 +263,17 @@ class AsyncResponses:
             processed_logprobs=req.logprobs_mode == "processed_logprobs",
             constraint=prompt.constraint,
         )
-        generation = Generation(prompt_ids=prompt.ids, params=params, decoder=prompt.decoder)
-        run = ResponseRun(self._response(req), client.source, generation)
-        record = Record(
+
+    def _new_record(self, req: CreateRequest, run: ResponseRun, context: list[Any]) -> Record:
+        """What the store keeps of a request: its run, its input and the conversation before."""
+        return Record(
             run=run,
             input=req.input,
             context=context,
             background=req.background,
             request=_stored_request(req),
-            provenance=client.provenance,
+            provenance=self._client.provenance,
         )
-        run.builder.created()
-        if req.background:
-            run.builder.queued()
-        if req.store and client.keeps:
-            client.store.put(record)
-        run.on_done = lambda: self._settled(record, req)  # stored before anyone sees it done
-        run.start()
-        return run, record
-
-    def _settled(self, record: Record, req: CreateRequest) -> None:
-        if not req.background:
-            record.run.events = []  # only background responses can be streamed again
-        self._client.store.settled(record)
 
     def _response(self, req: CreateRequest) -> Response:
         # vLLM's extensions the request set, kept on the Response as extra fields (the SDK's

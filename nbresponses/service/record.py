@@ -38,12 +38,9 @@ class Record:
 
     def measure(self) -> int:
         """Bytes of what is this record's alone: the response (its output counted as items)
-        and, for background responses, the replayable events."""
-        run = self.run
-        response = run.response
+        and what its run holds (for a background response, the replayable events)."""
+        response = self.run.response
         seen = {id(response.output), *(id(i) for i in self.items())}
-        if not self.background:
-            seen.add(id(run.events))  # emptied when it finished: only a background one replays
-        own = [response, run.events, vars(self), *run.state()]  # context: its list, not items
+        own = [response, vars(self), *self.run.footprint_parts()]  # context: its list, not items
         self.size = footprint(own, seen)
         return self.size

@@ -1,7 +1,8 @@
 """One response being generated: the token loop, the format's decoder, the event log.
 
 The run drives ``TokenSource.generate`` in its own asyncio task, feeds every token to the
-format's ``Decoder`` (which calls the event builder) and appends every event to a log. When the
+format's ``Decoder`` (which writes through the run's event builder) and appends every event to
+a log; nothing else writes the response or the log (the client only builds and stores it). When the
 decoder has a built-in tool's answer to send (gpt-oss), the run generates again from prompt +
 output + answer, within the same response and token budget. Streams (the creator's, or
 ``retrieve(stream=True, starting_after=N)`` readers) follow the log by sequence number, so a
@@ -29,83 +30,121 @@ from nbresponses.tokens.contract import GenerationStats, SamplingParams, TokenSo
 
 @dataclass(frozen=True)
 class Generation:
-    """What the token loop needs: the prompt, sampling, and the format's reader of the output.
+    """What the token loop needs: the token source, the prompt, sampling, and the format's
+    reader of the output.
 
     ``params.max_tokens`` bounds the whole response: a format with built-in tools generates in
     rounds (prompt + output + tool answer, again), and all rounds share it.
     """
 
+    source: TokenSource
     prompt_ids: Sequence[int]
     params: SamplingParams
     decoder: Callable[[EventBuilder], Decoder]
 
 
 class ResponseRun:
-    """A response in flight (or finished): its builder, event log and generation task."""
+    """A response in flight (or finished): the one writer of its response and its event log.
 
-    def __init__(self, response: Response, source: TokenSource, generation: Generation) -> None:
-        self.events: list[ResponseStreamEvent] = []
-        self.builder = EventBuilder(response, self._append)
-        self._decoder: Decoder | None = generation.decoder(self.builder)
-        self._replay: Mapping[str, Any] = {}
-        self._source: TokenSource | None = source
-        self._gen: Generation | None = generation  # dropped when the run ends (see _release)
+    Every event goes through the run's own builder, in order: ``created`` (and ``queued`` for
+    a background response) when it is made, ``in_progress`` and the terminal event from its
+    task, and between them what the format's decoder writes through the builder it was handed.
+    A background response keeps its log for ``retrieve(stream=True)``; any other drops it when
+    done (its readers hold it already). The slots are all it holds (``footprint_parts``).
+    """
+
+    __slots__ = (
+        "_builder",
+        "_changed",
+        "_decoder",
+        "_gen",
+        "_keeps_log",
+        "_on_done",
+        "_replay",
+        "done",
+        "events",
+        "task",
+        "timings",
+    )
+
+    def __init__(
+        self,
+        response: Response,
+        generation: Generation | None = None,
+        *,
+        on_done: Callable[[ResponseRun], None] | None = None,
+        events: Sequence[ResponseStreamEvent] = (),
+        replay: Mapping[str, Any] | None = None,
+        timings: Mapping[str, float] | None = None,
+    ) -> None:
+        """A run of ``generation`` announces ``response`` at once and generates when started;
+        ``on_done(run)`` is called as it ends, before ``done`` is set (the store settles it
+        before anyone sees it done). Without a generation the run is finished: ``events``
+        replay, ``replay`` and ``timings`` are as stored (see ``restored``)."""
+        self.events: list[ResponseStreamEvent] = list(events)
+        self._builder = EventBuilder(response, self._append)
+        self._gen = generation  # dropped when the run ends (see _release)
+        self._decoder = None if generation is None else generation.decoder(self._builder)
+        self._replay: Mapping[str, Any] = dict(replay or {})
+        self._keeps_log = bool(response.background)  # only a background response replays
+        self._on_done = on_done
         self._changed = asyncio.Event()
         self.done = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
-        self.timings: dict[str, float] = {}  # the engine's, seconds: queued, prefill, total
-        self.on_done: Callable[[], None] | None = None  # called as it ends, before ``done``
+        self.timings: dict[str, float] = dict(timings or {})  # the engine's, seconds
+        if generation is None:
+            self.done.set()
+            return
+        self._builder.created()
+        if self._keeps_log:
+            self._builder.queued()
 
     @classmethod
     def restored(
         cls,
         response: Response,
         *,
-        events: list[ResponseStreamEvent],
+        events: Sequence[ResponseStreamEvent],
         replay: Mapping[str, Any],
         timings: Mapping[str, float],
     ) -> ResponseRun:
         """A finished run read back from the database: nothing to generate, events to replay."""
-        run = cls.__new__(cls)
-        run.events = events
-        run.builder = EventBuilder(response, run._append)
-        run._decoder = None
-        run._replay = dict(replay)
-        run._source = None
-        run._gen = None
-        run._changed = asyncio.Event()
-        run.done = asyncio.Event()
-        run.done.set()
-        run.task = None
-        run.timings = dict(timings)
-        run.on_done = None
-        return run
+        return cls(response, events=events, replay=replay, timings=timings)
 
     @property
     def response(self) -> Response:
-        return self.builder.response
+        return self._builder.response
 
     @property
     def id(self) -> str:
-        return self.builder.response.id
+        return self._builder.response.id
 
     @property
     def replay(self) -> Mapping[str, Any]:
         """Output items as the model saw them, by item id (see ``Decoder.replay``)."""
         return self._replay if self._decoder is None else self._decoder.replay
 
-    def state(self) -> list[dict[str, Any]]:
-        """The attribute dicts of the run and its helpers, for the store's memory count."""
-        return [vars(self), vars(self.builder), vars(self.done), vars(self._changed)]
+    def footprint_parts(self) -> list[Any]:
+        """What a finished run holds, for the store's memory count (``footprint`` walks these;
+        the record counts the response and its items): the run's slots, its event log, the
+        items as the model saw them, the engine's timings, its task and callback, and its
+        builder and two ``asyncio.Event``s with their attributes. Generation's parts (the
+        source, the prompt, the decoder) are dropped by then (``_release``)."""
+        helpers = (self._builder, self.done, self._changed)
+        parts = [self, self.events, self._replay, self.timings, self.task, self._on_done]
+        return [*parts, *helpers, *(vars(h) for h in helpers)]
 
     def _release(self) -> None:
         """Forget what only generation needs: the prompt ids (a chain's prompts grow with every
-        turn) and the decoder's token buffers. A stored record then holds what the store
+        turn) and the decoder's token buffers, and the log of a response that cannot be
+        streamed again (its readers hold the list). A stored record then holds what the store
         measures: the response, its items and (background) its events."""
         if self._decoder is not None:
             self._replay = dict(self._decoder.replay)
         self._decoder = None
         self._gen = None
+        if not self._keeps_log:
+            self.events = []
 
     def _append(self, event: ResponseStreamEvent) -> None:
         self.events.append(event)
@@ -129,7 +168,7 @@ class ResponseRun:
         usage = build_usage(
             input_tokens=prompt_tokens, cached_tokens=0, output_tokens=0, reasoning_tokens=0
         )
-        self.builder.finish("cancelled", usage)
+        self._builder.finish("cancelled", usage)
         self._settle({"wall_s": 0.0})
 
     def _settle(self, timings: dict[str, float]) -> None:
@@ -137,9 +176,9 @@ class ResponseRun:
         creator store the result, then wake whoever waits."""
         self.timings = timings
         self._release()
-        if self.on_done is not None:
+        if self._on_done is not None:
             with contextlib.suppress(Exception):
-                self.on_done()
+                self._on_done(self)
         self.done.set()
         self._append_nothing()
 
@@ -176,9 +215,10 @@ class ResponseRun:
     # -- the token loop -------------------------------------------------------------------
 
     async def _run(self) -> None:
-        b = self.builder
-        decoder, gen, source = self._decoder, self._gen, self._source
-        assert decoder is not None and gen is not None and source is not None, "a run starts once"
+        b = self._builder
+        decoder, gen = self._decoder, self._gen
+        assert decoder is not None and gen is not None, "a run starts once"
+        source = gen.source
         started = time.perf_counter()
         stats = GenerationStats()  # summed over rounds
         prompt = list(gen.prompt_ids)

@@ -20,11 +20,39 @@ from dataclasses import dataclass
 from typing import Any
 
 from nbresponses.service.codec import from_rows, to_row
-from nbresponses.service.database import RUNNING, ResponseDatabase
+from nbresponses.service.database import RUNNING, ResponseDatabase, StorePath
 from nbresponses.service.footprint import footprint
 from nbresponses.service.record import Record
+from nbresponses.service.run import ResponseRun
 
-__all__ = ["Record", "ResponseStore"]
+__all__ = ["STORE_DEFAULTS", "Record", "ResponseStore", "StoreDefaults"]
+
+
+@dataclass(frozen=True)
+class StoreDefaults:
+    """The store's defaults, the one place ``nbr.Engine``, ``AsyncResponsesClient`` and
+    ``ResponseStore`` take them from.
+
+    ``max_responses`` / ``max_bytes`` bound the records held in memory (the LRU); the file
+    is bounded only when asked (``keep_days`` / ``max_disk_bytes``: None, keep everything).
+    Where responses are kept differs by entry point, on purpose: ``nbr.Engine`` is what a
+    user holds, so it keeps them in the SQLite file (``engine_path`` None: ``$NBRESPONSES_STORE``,
+    else ``responses.sqlite3`` in the user data dir; see ``open_database``) and ``retrieve``,
+    chains and ``nbr.history()`` outlive a restart; an ``AsyncResponsesClient`` built
+    directly serves a token source of one's own (a test's scripted one, an embedding
+    program), so it keeps them in this process (``client_path`` "memory") and writes no
+    user's file unasked.
+    """
+
+    max_responses: int = 1000
+    max_bytes: int = 64 * 2**20
+    keep_days: float | None = None
+    max_disk_bytes: int | None = None
+    engine_path: StorePath = None
+    client_path: StorePath = "memory"
+
+
+STORE_DEFAULTS = StoreDefaults()
 
 
 class ResponseStore:
@@ -32,8 +60,8 @@ class ResponseStore:
 
     def __init__(
         self,
-        max_responses: int = 1000,
-        max_bytes: int = 64 * 2**20,
+        max_responses: int = STORE_DEFAULTS.max_responses,
+        max_bytes: int = STORE_DEFAULTS.max_bytes,
         database: ResponseDatabase | None = None,
     ) -> None:
         self.max_responses = max_responses
@@ -112,6 +140,12 @@ class ResponseStore:
         if record is not None:
             self._uncount(record)
         return record
+
+    def finished(self, run: ResponseRun) -> None:
+        """A run's callback as it ends: settle its record, when this store holds it."""
+        record = self._records.get(run.id)
+        if record is not None and record.run is run:
+            self.settled(record)
 
     def settled(self, record: Record, *, write: bool = True) -> None:
         """A stored run finished: write it, count it and enforce the bounds."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import inspect
 import json
 import os
 import signal
@@ -18,8 +19,10 @@ import pytest
 from helpers.responses import client_for
 from openai.types.responses import Response
 
+from nbresponses.engine import Engine
 from nbresponses.service.database import ResponseDatabase, StoreWarning
 from nbresponses.service.storage.schema import MIGRATIONS
+from nbresponses.service.store import STORE_DEFAULTS
 
 
 @pytest.fixture
@@ -388,6 +391,18 @@ async def test_off_keeps_nothing(tokenizer):
         await client.responses.retrieve(r.id)
     with pytest.raises(Exception, match=r"(?i)background"):
         await client.responses.create(input="x", background=True)
+
+
+def test_the_store_defaults_as_documented(tokenizer):
+    """One place for them (``StoreDefaults``): the engine keeps the user's file, a bare client
+    this process's memory, both with the bounds docs/concepts/engine.md gives."""
+    client, _ = client_for(tokenizer, "a")
+    assert client.keeps and client.store.database is None  # "memory"
+    bounds = (client.store.max_responses, client.store.max_bytes)
+    assert bounds == (STORE_DEFAULTS.max_responses, STORE_DEFAULTS.max_bytes) == (1000, 64 << 20)
+    load = inspect.signature(Engine.load).parameters
+    assert load["store_path"].default is None and STORE_DEFAULTS.engine_path is None
+    assert (load["store_max_responses"].default, load["store_max_bytes"].default) == bounds
 
 
 def test_rows_hold_the_provenance(tokenizer, db_path, clients):
