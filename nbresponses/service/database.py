@@ -184,7 +184,7 @@ class ResponseDatabase:
         self.busy_timeout = busy_timeout
         self.owner = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.error: str | None = None  # the last write failure, until a write succeeds
-        self.store: Any = None  # the ResponseStore in front of it (frames resolve ids there)
+        self.closed = False  # after close(): its store answers from memory only
         self.writable = True
         self.written = 0
         self.write_seconds = 0.0  # time the writer spent in transactions
@@ -368,6 +368,7 @@ class ResponseDatabase:
     def close(self) -> None:
         """Write what is queued, stop the writer, release the owner lock."""
         _OPEN.discard(self)
+        self.closed = True
         if self._writer.is_alive():
             self._queue.put(None)
             self._writer.join(timeout=30)
