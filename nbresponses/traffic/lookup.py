@@ -13,7 +13,7 @@ from __future__ import annotations
 import weakref
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["ResponseLookup", "StoredResponses", "stored"]
+__all__ = ["ResponseLookup", "StoredResponses", "find_in", "stored"]
 
 
 @runtime_checkable
