@@ -12,6 +12,8 @@ import contextlib
 import importlib
 from typing import Any
 
+from nbresponses.traffic.lookup import stored as _stored
+
 __version__ = "0.1.0"
 
 # public name -> module that defines it
@@ -76,24 +78,40 @@ def __getattr__(name: str) -> Any:
 
         require("engine", f"nbr.{name}")
     value = getattr(importlib.import_module(module), name)
-    if module == "nbresponses.frames":
-        _frames_read_stored_ids()
     if module == "nbresponses.view":
         _view_keeps_when_asked()
     globals()[name] = value
     return value
 
 
-def _frames_read_stored_ids() -> None:
-    """Let the frames take response ids and ``history()`` frames (the store's resolver)."""
-    with contextlib.suppress(ImportError):  # a light install may lack what the store needs
-        importlib.import_module("nbresponses.service.history")
-
-
 def _view_keeps_when_asked() -> None:
     """Let ``show(stream, record=True)`` keep responses in the history (the store's recorder)."""
     with contextlib.suppress(ImportError):  # a light install has no store to keep them in
         importlib.import_module("nbresponses.service.keep")
+
+
+class _DefaultStoreFile:
+    """The default store file, the frames' last resort for an id no open store holds (a new
+    kernel reads yesterday's responses without an engine). Registered here, as the package is
+    imported, because every import path runs this module first: ``nbr.logprobs_frame`` and
+    ``nbresponses.frames.logprobs_frame`` find the same responses. Its reader is imported at
+    the first lookup, so ``import nbresponses`` stays light."""
+
+    def find(self, response_id: str) -> Any:
+        return self._file().find(response_id)
+
+    def __repr__(self) -> str:
+        return repr(self._file())
+
+    @staticmethod
+    def _file() -> Any:
+        from nbresponses.service.history import StoreFile
+
+        return StoreFile()
+
+
+_DEFAULT_STORE_FILE = _DefaultStoreFile()  # the registry holds it weakly
+_stored.register(_DEFAULT_STORE_FILE, fallback=True)
 
 
 def __dir__() -> list[str]:

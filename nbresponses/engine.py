@@ -112,6 +112,11 @@ class Engine:
         """
         return self._client
 
+    def find(self, response_id: str) -> Response | None:
+        """The stored Response with this id (memory, then the store's file), or None: an
+        engine is a lookup for the frames, ``nbr.logprobs_frame(id, lookup=engine)``."""
+        return self._client.store.find(response_id)
+
     def openai(self, *, sync: bool = False, **options: Any) -> Any:
         """The real openai SDK on this engine, in process: ``openai.AsyncOpenAI`` (or
         ``openai.OpenAI`` with ``sync=True``) whose requests never leave the kernel.

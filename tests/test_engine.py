@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 from helpers.responses import check_stream, fold
 from openai.types.responses import Response
@@ -34,6 +35,9 @@ async def test_create_returns_an_openai_response_with_logprobs(tiny_engine) -> N
     assert len(frame) >= 1 and (frame["logprob"] <= 0).all()
     assert "".join(frame["text"]) == response.output_text  # the tokens rebuild the answer
     assert 1 <= len(frame) <= response.usage.output_tokens
+    # the engine is a lookup: the frames read its stored responses by id
+    assert tiny_engine.find(response.id) == response and tiny_engine.find("resp_not_here") is None
+    pd.testing.assert_frame_equal(nbr.logprobs_frame(response.id, lookup=tiny_engine), frame)
 
 
 async def test_streamed_and_folded_equal_the_events(tiny_engine) -> None:

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from nbresponses.traffic.access import field
+from nbresponses.traffic.lookup import ResponseLookup
 
 from ._fold import iter_parts
 from ._inputs import collect
@@ -29,12 +30,14 @@ BOW_HINT = (
 )
 
 
-def word_start_masses(obj: Any) -> dict[tuple[Any, ...], tuple[np.ndarray, float]]:
+def word_start_masses(
+    obj: Any, lookup: ResponseLookup | None = None
+) -> dict[tuple[Any, ...], tuple[np.ndarray, float]]:
     """Per part (response_id, output_index, content_index): log B at each token, and after."""
     if isinstance(obj, pd.DataFrame):
         raise ValueError(BOW_HINT)
     out = {}
-    for part in iter_parts(collect(obj)):
+    for part in iter_parts(collect(obj, lookup=lookup)):
         values = [field(e, "word_start_logmass") for e in part.entries]
         after = field(part.entries[-1], "word_start_logmass_after") if part.entries else None
         if after is None or any(v is None for v in values):

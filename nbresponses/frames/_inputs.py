@@ -5,39 +5,40 @@ its own group), and ``(receive_time, event)`` pairs. Receive times may instead c
 ``times=`` sequence parallel to a flat iterable. Consecutive events form streams; a stream
 ends where the next one begins (``response.created``/``response.queued``, or a
 ``sequence_number`` that does not increase), so concatenated recordings split correctly.
-A stored response's id, a list of ids or an ``nbr.history()`` frame are read from the store
-through a resolver it registers (``register_resolver``).
+A stored response's id (``"resp_..."``), a list of ids or an ``nbr.history()`` frame (its
+``id`` column) are read through ``lookup=`` when given, else through the process's registry
+(``nbresponses.traffic.lookup.stored``), where every response store registers itself: frames
+never import the store, and an id found nowhere is a KeyError naming it, however the frames
+were imported.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from numbers import Real
 from typing import Any
 
+import pandas as pd
+
 from nbresponses.traffic.access import field as get
 from nbresponses.traffic.access import kind_of
 from nbresponses.traffic.events import STARTED
+from nbresponses.traffic.lookup import ResponseLookup, find_in, stored
 
-__all__ = ["ResponseSource", "Source", "StreamSource", "collect", "register_resolver"]
-
-# Functions that turn a stored response's id (or a frame of ids) into Responses, or return
-# None: the store registers one, so frames read ids without importing it.
-_RESOLVERS: list[Callable[[Any], Any]] = []
+__all__ = ["ResponseSource", "Source", "StreamSource", "collect"]
 
 
-def register_resolver(resolver: Callable[[Any], Any]) -> None:
-    if resolver not in _RESOLVERS:
-        _RESOLVERS.append(resolver)
-
-
-def _resolved(obj: Any) -> Any:
-    for resolver in _RESOLVERS:
-        found = resolver(obj)
-        if found is not None:
-            return found
+def _stored_ids(obj: Any) -> list[str] | None:
+    """The response ids ``obj`` names (an id, a ``history()`` frame or its ``id`` column), or
+    None when it names none."""
+    if isinstance(obj, str):
+        return [obj] if obj.startswith("resp_") else None
+    if isinstance(obj, pd.DataFrame) and "id" in obj.columns:
+        return [str(i) for i in obj["id"]]
+    if isinstance(obj, pd.Series) and obj.name == "id":
+        return [str(i) for i in obj]
     return None
 
 
@@ -75,7 +76,8 @@ def _is_group(obj: Any) -> bool:
 
 
 class _Collector:
-    def __init__(self) -> None:
+    def __init__(self, lookup: ResponseLookup | None) -> None:
+        self.lookup = lookup
         self.sources: list[Source] = []
         self.stream: StreamSource | None = None
         self.streams = 0
@@ -103,11 +105,10 @@ class _Collector:
         if _is_pair(obj):
             self.add_event(obj[1], float(obj[0]))
             return
-        if isinstance(obj, str) or hasattr(obj, "columns"):  # an id, a history() frame
-            found = _resolved(obj)
-            if found is not None:
-                self.add(found)
-                return
+        ids = _stored_ids(obj)
+        if ids is not None:
+            self.add([self.find(i) for i in ids])
+            return
         kind = kind_of(obj)
         if kind == "event":
             self.add_event(obj, time)
@@ -121,10 +122,20 @@ class _Collector:
             self.end_stream()
         # anything else (unknown item or event shapes) is skipped, never fatal
 
+    def find(self, response_id: str) -> Any:
+        return (
+            stored.find(response_id) if self.lookup is None else find_in([self.lookup], response_id)
+        )
 
-def collect(obj: Any, times: Sequence[float] | None = None) -> list[Source]:
-    """Responses and streams found in ``obj``, in input order."""
-    collector = _Collector()
+
+def collect(
+    obj: Any, times: Sequence[float] | None = None, lookup: ResponseLookup | None = None
+) -> list[Source]:
+    """Responses and streams found in ``obj``, in input order; ids are read through ``lookup``
+    (default: the registry, ``nbresponses.traffic.lookup.stored``)."""
+    if lookup is not None and not isinstance(lookup, ResponseLookup):
+        raise TypeError(f"lookup= takes an object with find(response_id), not {lookup!r}")
+    collector = _Collector(lookup)
     if times is None:
         collector.add(obj)
         return collector.sources

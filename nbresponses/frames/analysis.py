@@ -1,8 +1,8 @@
 """What people compute from logprobs (cf. the OpenAI cookbook "Using logprobs").
 
-Each function takes anything :func:`logprobs_frame` accepts (the perplexity functions also take
-that frame itself) and returns one row per response, indexed by ``response_id`` (a stream
-without ids groups under NaN).
+Each function takes anything :func:`logprobs_frame` accepts, stored ids read through
+``lookup=`` included (the perplexity functions also take that frame itself), and returns one
+row per response, indexed by ``response_id`` (a stream without ids groups under NaN).
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from nbresponses.traffic.lookup import ResponseLookup
+
 from .logprobs import logprobs_frame, top_logprobs_frame
 
 __all__ = ["classification_confidence", "perplexity", "sequence_logprob"]
@@ -20,26 +22,26 @@ __all__ = ["classification_confidence", "perplexity", "sequence_logprob"]
 _KEYS = ["response_id", "output_index", "content_index", "position"]
 
 
-def _frame(obj: Any) -> pd.DataFrame:
-    return obj if isinstance(obj, pd.DataFrame) else logprobs_frame(obj)
+def _frame(obj: Any, lookup: ResponseLookup | None) -> pd.DataFrame:
+    return obj if isinstance(obj, pd.DataFrame) else logprobs_frame(obj, lookup=lookup)
 
 
 def _by_response(frame: pd.DataFrame) -> Any:
     return frame.groupby("response_id", observed=True, sort=False, dropna=False)
 
 
-def sequence_logprob(obj: Any) -> pd.Series:
+def sequence_logprob(obj: Any, *, lookup: ResponseLookup | None = None) -> pd.Series:
     """Sum of token logprobs per response: the log-probability of the whole generated text."""
-    return _by_response(_frame(obj))["logprob"].sum().rename("sequence_logprob")
+    return _by_response(_frame(obj, lookup))["logprob"].sum().rename("sequence_logprob")
 
 
-def perplexity(obj: Any) -> pd.DataFrame:
+def perplexity(obj: Any, *, lookup: ResponseLookup | None = None) -> pd.DataFrame:
     """``n_tokens``, ``sequence_logprob``, ``mean_logprob`` and ``perplexity`` per response.
 
     ``perplexity = exp(-mean_logprob)``: 1 for a model certain of every token, growing as it
     hesitates. Comparable between responses of one model and tokenizer only.
     """
-    grouped = _by_response(_frame(obj))["logprob"]
+    grouped = _by_response(_frame(obj, lookup))["logprob"]
     out = pd.DataFrame({"n_tokens": grouped.size(), "sequence_logprob": grouped.sum()})
     out["mean_logprob"] = out["sequence_logprob"] / out["n_tokens"]
     out["perplexity"] = np.exp(-out["mean_logprob"])
@@ -62,18 +64,20 @@ def _label_of(token: str, labels: Sequence[str]) -> str | None:
     return prefixed[0] if len(prefixed) == 1 else None
 
 
-def _first_tokens(obj: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _first_tokens(obj: Any, lookup: ResponseLookup | None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The first generated token of each response, and that token's alternatives."""
     if isinstance(obj, pd.DataFrame):
         raise TypeError("classification_confidence needs the Response(s), not a frame")
-    frame = logprobs_frame(obj)
+    frame = logprobs_frame(obj, lookup=lookup)
     first = frame.sort_values(_KEYS[1:], kind="stable").drop_duplicates("response_id")
-    top = top_logprobs_frame(obj)
+    top = top_logprobs_frame(obj, lookup=lookup)
     alternatives = top.merge(first[_KEYS], on=_KEYS, how="inner")
     return first, alternatives
 
 
-def classification_confidence(obj: Any, labels: Sequence[str] | None = None) -> pd.DataFrame:
+def classification_confidence(
+    obj: Any, labels: Sequence[str] | None = None, *, lookup: ResponseLookup | None = None
+) -> pd.DataFrame:
     """Confidence of a one-token answer, read from the first token's alternatives.
 
     Without ``labels``: the first token (``token``), its probability (``confidence``),
@@ -84,7 +88,7 @@ def classification_confidence(obj: Any, labels: Sequence[str] | None = None) -> 
     ``label_mass`` the probability of any label (low when the model answered off-list). Ask
     for ``top_logprobs`` of about the number of labels or more.
     """
-    first, alternatives = _first_tokens(obj)
+    first, alternatives = _first_tokens(obj, lookup)
     out = pd.DataFrame(
         {
             "token": first["text"].to_numpy(),

@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from nbresponses.traffic.lookup import ResponseLookup
+
 from .logprobs import logprobs_frame
 
 __all__ = ["NORMALISATIONS", "choice_accuracy", "multiple_choice_frame", "option_likelihoods"]
@@ -45,8 +47,8 @@ def _softmax(values: np.ndarray) -> np.ndarray:
     return weights / np.nansum(weights)
 
 
-def _sum_and_bytes(scoring: Any) -> tuple[float, int, int]:
-    frame = logprobs_frame(scoring)
+def _sum_and_bytes(scoring: Any, lookup: ResponseLookup | None) -> tuple[float, int, int]:
+    frame = logprobs_frame(scoring, lookup=lookup)
     n_bytes = int(sum(len(b) for b in frame["bytes"]))
     return float(frame["logprob"].sum()), len(frame), n_bytes
 
@@ -56,6 +58,7 @@ def option_likelihoods(
     options: Sequence[str],
     *,
     unconditional: Sequence[Any] | None = None,
+    lookup: ResponseLookup | None = None,
 ) -> pd.DataFrame:
     """One row per option (the index): ``tokens``, ``chars``, ``bytes``, the summed
     ``logprob`` and its normalisations ``mean_logprob`` (per token), ``logprob_per_char``,
@@ -64,14 +67,15 @@ def option_likelihoods(
     ``prob_per_char``, ``prob_per_byte`` (, ``prob_pmi``): the softmax of each score over the
     options. The definitions are the module's (lm-evaluation-harness's ``acc``, ``acc_norm``,
     ``acc_bytes``, ``acc_mutual_info``). ``scorings[i]`` scores ``options[i]`` after the
-    question's prompt."""
+    question's prompt (a scoring may be a stored id, read through ``lookup=`` as for
+    :func:`logprobs_frame`)."""
     if len(scorings) != len(options):
         raise ValueError(f"{len(scorings)} scorings for {len(options)} options")
     if unconditional is not None and len(unconditional) != len(options):
         raise ValueError(f"{len(unconditional)} unconditional scorings for {len(options)} options")
     rows = []
     for i, (option, scoring) in enumerate(zip(options, scorings, strict=True)):
-        total, tokens, n_bytes = _sum_and_bytes(scoring)
+        total, tokens, n_bytes = _sum_and_bytes(scoring, lookup)
         row: dict[str, Any] = {
             "option": option,
             "tokens": tokens,
@@ -83,7 +87,7 @@ def option_likelihoods(
             "logprob_per_byte": total / n_bytes if n_bytes else np.nan,
         }
         if unconditional is not None:
-            alone = _sum_and_bytes(unconditional[i])[0]
+            alone = _sum_and_bytes(unconditional[i], lookup)[0]
             row["logprob_unconditional"] = alone
             row["pmi"] = total - alone
         rows.append(row)
@@ -96,15 +100,19 @@ def option_likelihoods(
 
 def multiple_choice_frame(
     questions: Sequence[tuple[Sequence[Any], Sequence[str], Any, Sequence[Any] | None]],
+    *,
+    lookup: ResponseLookup | None = None,
 ) -> pd.DataFrame:
     """Many questions' :func:`option_likelihoods` in one long frame, indexed by
     ``(question, option_index)``, with the ``option`` text and ``correct`` (whether it is the
     answer; NA without one). ``questions``: per question ``(scorings, options, answer,
     unconditional scorings or None)``; ``answer`` is the correct option's text or index (None:
-    unknown)."""
+    unknown); ``lookup=`` as for :func:`option_likelihoods`."""
     frames = []
     for q, (scorings, options, answer, unconditional) in enumerate(questions):
-        one = option_likelihoods(scorings, options, unconditional=unconditional).reset_index()
+        one = option_likelihoods(
+            scorings, options, unconditional=unconditional, lookup=lookup
+        ).reset_index()
         gold = _answer_index(answer, options)
         one["correct"] = pd.array(
             [None if gold is None else i == gold for i in range(len(options))], dtype="boolean"

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from nbresponses.traffic.access import field
+from nbresponses.traffic.lookup import ResponseLookup
 
 from ._columns import categorical, nullable_int
 from ._inputs import StreamSource, collect
@@ -45,14 +46,17 @@ def _number(value: Any) -> float:
     )
 
 
-def events_frame(events: Any, *, times: Iterable[float] | None = None) -> pd.DataFrame:
+def events_frame(
+    events: Any, *, times: Iterable[float] | None = None, lookup: ResponseLookup | None = None
+) -> pd.DataFrame:
     """One row per stream event, in arrival order (RangeIndex).
 
     ``events``: an iterable of events (SDK objects or JSON dicts); ``times=`` an optional
     parallel sequence of receive times in seconds on any clock (e.g. ``time.perf_counter()``
     taken as each event arrived); ``(time, event)`` pairs work too. Several streams may be
-    concatenated or nested; ``stream`` numbers them. Responses in the input have no events and
-    are skipped. Columns and dtypes are :data:`EVENTS_COLUMNS`: ``delta_len`` is the length in
+    concatenated or nested; ``stream`` numbers them. Responses in the input (stored ids too,
+    read through ``lookup=`` as for :func:`logprobs_frame`) have no events and are skipped.
+    Columns and dtypes are :data:`EVENTS_COLUMNS`: ``delta_len`` is the length in
     characters of a ``delta`` string, ``n_logprobs`` the number of token logprobs an event
     carries, ``elapsed`` the time since the stream's first event.
 
@@ -62,7 +66,7 @@ def events_frame(events: Any, *, times: Iterable[float] | None = None) -> pd.Dat
     """
     streams = [
         s
-        for s in collect(events, None if times is None else list(times))
+        for s in collect(events, None if times is None else list(times), lookup)
         if isinstance(s, StreamSource)
     ]
     rows: dict[str, list[Any]] = {name: [] for name in EVENTS_COLUMNS}

@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from nbresponses.traffic.lookup import ResponseLookup
+
 from ._colors import text_colors, viridis
 from .logprobs import logprobs_frame
 
@@ -22,15 +24,18 @@ def _visible(text: str) -> str:
     return text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥") if text else "∅"
 
 
-def logprobs_heatmap(obj: Any, *, max_rows: int | None = 2000) -> Styler:
+def logprobs_heatmap(
+    obj: Any, *, max_rows: int | None = 2000, lookup: ResponseLookup | None = None
+) -> Styler:
     """A Styler of the tokens of ``obj`` with ``text`` and ``prob`` cells coloured by ``prob``.
 
     Colours are viridis (dark purple = unlikely, yellow = likely), readable with colour-vision
     deficiencies; whitespace shows as ␣ ↵ ⇥ and empty text (part of a multi-byte character)
-    as ∅. ``obj`` is anything :func:`logprobs_frame` accepts, or its frame. ``max_rows`` caps
-    the rows rendered (None for all). ``.to_html()`` gives standalone HTML.
+    as ∅. ``obj`` is anything :func:`logprobs_frame` accepts (stored ids read through
+    ``lookup=``), or its frame. ``max_rows`` caps the rows rendered (None for all).
+    ``.to_html()`` gives standalone HTML.
     """
-    frame = obj if isinstance(obj, pd.DataFrame) else logprobs_frame(obj)
+    frame = obj if isinstance(obj, pd.DataFrame) else logprobs_frame(obj, lookup=lookup)
     shown = frame[_SHOWN].head(max_rows) if max_rows is not None else frame[_SHOWN]
     shown = shown.assign(text=shown["text"].map(_visible, na_action="ignore"))
     probs = shown["prob"].to_numpy(dtype=float)

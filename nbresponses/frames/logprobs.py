@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from nbresponses.traffic.access import field, getter
+from nbresponses.traffic.lookup import ResponseLookup
 
 from ._columns import categorical, nullable_int, repeat_categorical, string
 from ._fold import Part, iter_parts
@@ -103,8 +104,8 @@ def _read_entries(entries: list[Any]) -> tuple[Sequence[Any], ...]:
     return tokens, logprobs, raw, tops  # tops may hold None: top_matrix copes
 
 
-def _gather(obj: Any) -> _Tokens:
-    parts = list(iter_parts(collect(obj)))
+def _gather(obj: Any, lookup: ResponseLookup | None) -> _Tokens:
+    parts = list(iter_parts(collect(obj, lookup=lookup)))
     tokens: list[Any] = []
     logprobs: list[Any] = []
     raw: list[Any] = []
@@ -210,7 +211,7 @@ def _warn_if_empty(n: int) -> None:
         warnings.warn(NO_LOGPROBS_HINT, UserWarning, stacklevel=3)
 
 
-def logprobs_frame(obj: Any) -> pd.DataFrame:
+def logprobs_frame(obj: Any, *, lookup: ResponseLookup | None = None) -> pd.DataFrame:
     """One row per generated token of every output_text part in ``obj``.
 
     ``obj``: a Response, a stream event, ``(time, event)`` pairs, JSON dicts of these, or any
@@ -218,6 +219,12 @@ def logprobs_frame(obj: Any) -> pd.DataFrame:
     (parts come from the terminal Response if present, else ``output_text.done``, else deltas).
     Columns and dtypes are :data:`LOGPROBS_COLUMNS`; the index is a RangeIndex, rows are
     keyed by ``(response_id, output_index, content_index, position)``.
+
+    Stored responses are read by id too: a ``"resp_..."`` id, a list of ids or an
+    ``nbr.history()`` frame. ``lookup`` says where (anything with ``find(response_id)``: an
+    engine, a client's store); without it, every response store of this process is asked, then
+    the default store file (``nbresponses.traffic.lookup.stored``). An id found nowhere is a
+    KeyError naming it and the places asked.
 
     ``text`` is what each token adds to the decoded text (a token holding part of a UTF-8
     character gets ``""`` and the token completing it gets the character), so
@@ -241,7 +248,7 @@ def logprobs_frame(obj: Any) -> pd.DataFrame:
     low logprob; the tokens the mask removed still appear among the alternatives).
     """
     with gc_paused():
-        data = _gather(obj)
+        data = _gather(obj, lookup)
         _warn_if_empty(len(data.tokens))
         frame = pd.DataFrame(_token_columns(data), copy=False)
     fmt = getattr(getattr(getattr(obj, "text", None), "format", None), "type", None)
@@ -304,15 +311,15 @@ def _top_frame(data: _Tokens, top: TopK) -> pd.DataFrame:
     return pd.DataFrame(columns, copy=False)
 
 
-def top_logprobs_frame(obj: Any) -> pd.DataFrame:
+def top_logprobs_frame(obj: Any, *, lookup: ResponseLookup | None = None) -> pd.DataFrame:
     """Long form of the alternatives: one row per (token position, returned alternative).
 
-    Same inputs as :func:`logprobs_frame`. Columns and dtypes are :data:`TOP_LOGPROBS_COLUMNS`;
-    ``rank`` is 1-based by descending logprob and ``chosen`` marks the generated token, so
-    ``frame[frame.chosen]`` lines up with ``logprobs_frame(obj)`` on
+    Same inputs as :func:`logprobs_frame`, ``lookup=`` too. Columns and dtypes are
+    :data:`TOP_LOGPROBS_COLUMNS`; ``rank`` is 1-based by descending logprob and ``chosen``
+    marks the generated token, so ``frame[frame.chosen]`` lines up with ``logprobs_frame(obj)`` on
     ``(response_id, output_index, content_index, position)``. RangeIndex.
     """
     with gc_paused():
-        data = _gather(obj)
+        data = _gather(obj, lookup)
         _warn_if_empty(len(data.tokens))
         return _top_frame(data, top_matrix(data.tops, data.tokens, data.logprobs))

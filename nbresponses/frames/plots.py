@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from nbresponses.traffic.lookup import ResponseLookup
+
 from .calibration import calibration_summary, reliability_table
 from .choice import NORMALISATIONS
 from .logprobs import logprobs_frame
@@ -47,18 +49,20 @@ def plot_surprisal(
     boundary: Boundary = "whitespace",
     words: Segmentation = None,
     ax: Any = None,
+    lookup: ResponseLookup | None = None,
 ) -> Any:
     """Surprisal along a text: one bar per token (``unit="token"``, whitespace made visible)
     or per word (``unit="word"``, as :func:`words_frame` with ``boundary`` / ``words``), in
-    nats or ``bits``. Several parts or responses follow one another."""
+    nats or ``bits``. Several parts or responses follow one another; stored ids are read
+    through ``lookup=`` as for :func:`logprobs_frame`."""
     if unit == "token":
-        frame = obj if isinstance(obj, pd.DataFrame) else logprobs_frame(obj)
+        frame = obj if isinstance(obj, pd.DataFrame) else logprobs_frame(obj, lookup=lookup)
         labels = [_visible(str(t)) for t in frame["text"]]
         values = -frame["logprob"].to_numpy(dtype=np.float64)
         if bits:
             values = values / np.log(2)
     elif unit == "word":
-        frame = words_frame(obj, boundary=boundary, words=words)
+        frame = words_frame(obj, boundary=boundary, words=words, lookup=lookup)
         labels = [str(t) for t in frame["text"]]
         values = frame["surprisal_bits" if bits else "surprisal"].to_numpy(dtype=np.float64)
     else:

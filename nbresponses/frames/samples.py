@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from nbresponses.traffic.access import field
+from nbresponses.traffic.lookup import ResponseLookup
 
 from ._fold import parts_of_response
 from ._inputs import ResponseSource, collect
@@ -83,9 +84,15 @@ def _logsumexp(values: list[float]) -> float:
     return peak + math.log(math.fsum(math.exp(v - peak) for v in values))
 
 
-def samples_frame(obj: Any, normalize: Callable[[str], Any] | None = None) -> pd.DataFrame:
-    """Count the completions of one prompt (``Engine.sample``, or any Responses): one row per
-    distinct answer, most frequent first. Columns and dtypes are :data:`SAMPLES_COLUMNS`.
+def samples_frame(
+    obj: Any,
+    normalize: Callable[[str], Any] | None = None,
+    *,
+    lookup: ResponseLookup | None = None,
+) -> pd.DataFrame:
+    """Count the completions of one prompt (``Engine.sample``, or any Responses, or their
+    stored ids read through ``lookup=`` as for :func:`logprobs_frame`): one row per distinct
+    answer, most frequent first. Columns and dtypes are :data:`SAMPLES_COLUMNS`.
 
     ``answer`` is the completion's text, or ``normalize(text)`` when a function is given (e.g.
     the extracted final answer: completions whose answers are equal share a row);
@@ -106,7 +113,7 @@ def samples_frame(obj: Any, normalize: Callable[[str], Any] | None = None) -> pd
     without logprobs).
     """
     completions = []
-    for source in collect(obj):
+    for source in collect(obj, lookup=lookup):
         response = (
             source.response if isinstance(source, ResponseSource) else stream_response(source)
         )

@@ -11,13 +11,21 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from nbresponses.traffic.lookup import ResponseLookup
+
 from .choice import option_likelihoods
 from .logprobs import logprobs_frame, top_logprobs_frame
 
 __all__ = ["compare", "option_likelihoods"]
 
 
-def compare(a: Any, b: Any, *, names: tuple[str, str] = ("a", "b")) -> pd.DataFrame:
+def compare(
+    a: Any,
+    b: Any,
+    *,
+    names: tuple[str, str] = ("a", "b"),
+    lookup: ResponseLookup | None = None,
+) -> pd.DataFrame:
     """Two scorings (or generations) of the same tokens side by side, one row per token.
 
     Columns: ``token``, ``logprob_a`` / ``logprob_b`` and ``dlogprob`` (b - a), ``rank_a`` /
@@ -26,9 +34,10 @@ def compare(a: Any, b: Any, *, names: tuple[str, str] = ("a", "b")) -> pd.DataFr
     alternatives; ask for ``top_logprobs`` to get them). Raises ValueError, saying where,
     when the token sequences (their bytes) differ: rows are paired by position, so they must
     be the same tokens (scorings of one text with one tokenizer, or ``engine.score(response)``
-    of a generated answer).
+    of a generated answer). Stored ids are read through ``lookup=`` as for
+    :func:`logprobs_frame`.
     """
-    fa, fb = logprobs_frame(a), logprobs_frame(b)
+    fa, fb = logprobs_frame(a, lookup=lookup), logprobs_frame(b, lookup=lookup)
     _check_aligned(fa, fb, names)
     x, y = names
     out = pd.DataFrame(
@@ -42,7 +51,7 @@ def compare(a: Any, b: Any, *, names: tuple[str, str] = ("a", "b")) -> pd.DataFr
     out["dlogprob"] = out[f"logprob_{y}"] - out[f"logprob_{x}"]
     out[f"rank_{x}"] = fa["rank"].to_numpy()
     out[f"rank_{y}"] = fb["rank"].to_numpy()
-    ta, tb = _top_by_token(a, len(fa)), _top_by_token(b, len(fb))
+    ta, tb = _top_by_token(a, fa, lookup), _top_by_token(b, fb, lookup)
     out["argmax_agree"] = [
         bool(p) and bool(q) and max(p, key=lambda t: p[t]) == max(q, key=lambda t: q[t])
         for p, q in zip(ta, tb, strict=True)
@@ -72,14 +81,17 @@ def _check_aligned(fa: pd.DataFrame, fb: pd.DataFrame, names: tuple[str, str]) -
     )
 
 
-def _top_by_token(obj: Any, n: int) -> list[dict[str, float]]:
-    """Per token (in frame order), its alternatives: token -> logprob."""
-    top = top_logprobs_frame(obj)
-    tops: list[dict[str, float]] = [{} for _ in range(n)]
+def _top_by_token(
+    obj: Any, frame: pd.DataFrame, lookup: ResponseLookup | None
+) -> list[dict[str, float]]:
+    """Per token (in ``frame``'s order: ``obj``'s logprobs frame), its alternatives: token ->
+    logprob."""
+    top = top_logprobs_frame(obj, lookup=lookup)
+    tops: list[dict[str, float]] = [{} for _ in range(len(frame))]
     if top.empty:
         return tops
     keys = ["response_id", "output_index", "content_index", "position"]
-    order = {k: i for i, k in enumerate(logprobs_frame(obj)[keys].itertuples(index=False))}
+    order = {k: i for i, k in enumerate(frame[keys].itertuples(index=False))}
     for row in top.itertuples(index=False):
         index = order.get((row.response_id, row.output_index, row.content_index, row.position))
         if index is not None:

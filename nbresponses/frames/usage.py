@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from nbresponses.traffic.access import field
+from nbresponses.traffic.lookup import ResponseLookup
 
 from ._columns import categorical, nullable_int, string
 from ._inputs import ResponseSource, StreamSource, collect
@@ -100,13 +101,16 @@ def _timestamps(seconds: list[float]) -> pd.DatetimeIndex:
     return pd.to_datetime(np.array(seconds, dtype=np.float64), unit="s", utc=True).as_unit("ns")
 
 
-def usage_frame(objs: Any, *, times: Iterable[float] | None = None) -> pd.DataFrame:
+def usage_frame(
+    objs: Any, *, times: Iterable[float] | None = None, lookup: ResponseLookup | None = None
+) -> pd.DataFrame:
     """Token usage per response, plus latency for streams; RangeIndex, one row per response.
 
-    ``objs``: Responses, streams of events, JSON dicts of either, or (nested) iterables of
-    them, as for :func:`logprobs_frame`. Receive times come as ``times=`` (seconds, parallel
-    to a flat iterable of events) or as ``(time, event)`` pairs. Columns and dtypes are
-    :data:`USAGE_COLUMNS`; counts are NA where a response has no usage (e.g. failed).
+    ``objs``: Responses, streams of events, JSON dicts of either, (nested) iterables of them,
+    or stored ids read through ``lookup=``, as for :func:`logprobs_frame`. Receive times come
+    as ``times=`` (seconds, parallel to a flat iterable of events) or as ``(time, event)``
+    pairs. Columns and dtypes are :data:`USAGE_COLUMNS`; counts are NA where a response has no
+    usage (e.g. failed).
 
     Stream timing is measured from the stream's first event: ``ttft_s`` to the first
     ``*.delta`` event of any kind, ``duration_s`` to the last event, and ``tokens_per_s`` is
@@ -117,7 +121,7 @@ def usage_frame(objs: Any, *, times: Iterable[float] | None = None) -> pd.DataFr
     nbresponses keeps it on the Response), NA otherwise.
     """
     rows = []
-    for source in collect(objs, None if times is None else list(times)):
+    for source in collect(objs, None if times is None else list(times), lookup):
         if isinstance(source, ResponseSource):
             rows.append(_row(source.response, None))
         else:

@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from nbresponses.traffic.lookup import ResponseLookup
+
 from ._bow import bow_terms, span_term, word_start_masses
 from .logprobs import logprobs_frame
 
@@ -62,8 +64,8 @@ Boundary = str | re.Pattern[str]
 Segmentation = Sequence[str] | Sequence[Sequence[str]] | None
 
 
-def _token_frame(obj: Any) -> pd.DataFrame:
-    frame = obj if isinstance(obj, pd.DataFrame) else logprobs_frame(obj)
+def _token_frame(obj: Any, lookup: ResponseLookup | None) -> pd.DataFrame:
+    frame = obj if isinstance(obj, pd.DataFrame) else logprobs_frame(obj, lookup=lookup)
     missing = {"logprob", "text", "char_offset", "position", *_PART} - set(frame.columns)
     if missing:
         raise ValueError(f"not a logprobs frame: it lacks {sorted(missing)}")
@@ -178,15 +180,19 @@ def _word_spans(
 
 
 def _each_part(
-    obj: Any, boundary: Boundary, words: Segmentation, bow_correction: bool = False
+    obj: Any,
+    boundary: Boundary,
+    words: Segmentation,
+    bow_correction: bool = False,
+    lookup: ResponseLookup | None = None,
 ) -> list[tuple[pd.DataFrame, pd.DataFrame, np.ndarray]]:
     """(token rows, word rows, token -> word) per part with at least one word."""
-    frame = _token_frame(obj)
+    frame = _token_frame(obj, lookup)
     parts = _parts(frame)
     pattern = _pattern(boundary)
     if bow_correction and words is None and boundary != "whitespace":
         raise ValueError("bow_correction assumes words end at whitespace: boundary='whitespace'")
-    masses = word_start_masses(obj) if bow_correction else {}
+    masses = word_start_masses(obj, lookup) if bow_correction else {}
     out = []
     for (key, part), given in zip(parts, _segmentations(words, len(parts)), strict=True):
         text = "".join(part["text"].astype(str))
@@ -218,20 +224,22 @@ def words_frame(
     boundary: Boundary = "whitespace",
     words: Segmentation = None,
     bow_correction: bool = False,
+    lookup: ResponseLookup | None = None,
 ) -> pd.DataFrame:
     """One row per word of every output_text part: ``text``, char span, summed ``surprisal``
     (nats; ``surprisal_bits``), ``logprob`` (the sum), ``tokens`` and the ``first_position``
     / ``last_position`` of its tokens (the rows of ``logprobs_frame``).
 
-    ``obj``: anything :func:`logprobs_frame` takes (scorings, generations, streams), or that
-    frame. ``boundary``: ``"whitespace"`` (a word is a run of non-space characters),
-    ``"punctuation"`` (runs of letters/digits, each punctuation mark its own word; see
-    :data:`BOUNDARIES`) or a compiled regex whose matches are the words. ``words``: your own
-    segmentation instead (for languages written without spaces, or a stimulus's regions), a
-    list of words per part (a flat list for a single part), found in the text in order;
-    characters between them belong to no word. The token-to-word rule is the module's: every
-    token counts for exactly one word, so per part the word sums equal the token sums; a word
-    whose edges fall inside a token has ``clean = False``. Parts without any word give no rows.
+    ``obj``: anything :func:`logprobs_frame` takes (scorings, generations, streams, stored ids
+    read through ``lookup=``), or that frame. ``boundary``: ``"whitespace"`` (a word is a run
+    of non-space characters), ``"punctuation"`` (runs of letters/digits, each punctuation mark
+    its own word; see :data:`BOUNDARIES`) or a compiled regex whose matches are the words.
+    ``words``: your own segmentation instead (for languages written without spaces, or a
+    stimulus's regions), a list of words per part (a flat list for a single part), found in
+    the text in order; characters between them belong to no word. The token-to-word rule is
+    the module's: every token counts for exactly one word, so per part the word sums equal the
+    token sums; a word whose edges fall inside a token has ``clean = False``. Parts without any
+    word give no rows.
 
     ``bow_correction=True``: each word's probability includes that a new word follows it (the
     module docstring: Pimentel & Meister 2024, minicons' ``bow_correction``); ``logprob`` and
@@ -239,7 +247,7 @@ def words_frame(
     without tokens of its own). Needs scorings made with ``engine.score(...,
     word_starts=True)``.
     """
-    parts = _each_part(obj, boundary, words, bow_correction)
+    parts = _each_part(obj, boundary, words, bow_correction, lookup)
     if not parts:
         return _empty_words()
     out = pd.concat([rows for _, rows, _ in parts], ignore_index=True)
@@ -256,6 +264,7 @@ def span_surprisal(
     boundary: Boundary = "whitespace",
     words: Segmentation = None,
     bow_correction: bool = False,
+    lookup: ResponseLookup | None = None,
 ) -> pd.DataFrame:
     """The surprisal of a slice of each part's text: chars ``[start, stop)`` (``unit="char"``)
     or words ``[start, stop)`` (``unit="word"``, numbered as in :func:`words_frame`).
@@ -267,14 +276,15 @@ def span_surprisal(
     word slice sums exactly its words' rows and adjacent slices never count a token twice.
     Negative indices count from the end. ``bow_correction=True`` applies the module's
     correction to the span as to one word (scorings made with ``word_starts=True``).
+    ``obj`` and ``lookup`` as for :func:`words_frame`.
     """
     if unit not in ("char", "word"):
         raise ValueError("unit must be 'char' or 'word'")
     if bow_correction and words is None and boundary != "whitespace":
         raise ValueError("bow_correction assumes words end at whitespace: boundary='whitespace'")
-    masses = word_start_masses(obj) if bow_correction else {}
+    masses = word_start_masses(obj, lookup) if bow_correction else {}
     rows = []
-    for part, word_rows, owner in _each_part(obj, boundary, words):
+    for part, word_rows, owner in _each_part(obj, boundary, words, lookup=lookup):
         text = "".join(part["text"].astype(str))
         starts = word_rows["char_start"].to_numpy()
         ends = word_rows["char_end"].to_numpy()

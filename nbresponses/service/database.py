@@ -94,7 +94,7 @@ class ResponseDatabase:
         busy_timeout: float = 5.0,
     ) -> None:
         self.path = Path(path).expanduser()
-        self.store: Any = None  # the ResponseStore in front of it (frames resolve ids there)
+        self.closed = False  # after close(): its store answers from memory only
         warn = Warner()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._reader = Reader(connect(self.path, busy_timeout), self.path, warn)
@@ -154,6 +154,7 @@ class ResponseDatabase:
     def close(self) -> None:
         """Write what is queued, stop the writer, release the owner lock."""
         _OPEN.discard(self)
+        self.closed = True
         self._writer.stop()
         with contextlib.suppress(Exception):
             self._reader.close()

@@ -3,8 +3,9 @@
 Reads the columns the store keeps beside each response (status, tokens, text), never the
 JSON of the responses, so a filter over 100,000 rows answers in milliseconds; full-text
 search uses the FTS5 index over input and output. The ids it returns are what
-``nbr.logprobs_frame`` and the other frames accept (``resolve`` reads them back).
-Imports only the database module: no engine, no model family.
+``nbr.logprobs_frame`` and the other frames accept: the open stores read them back, and
+``StoreFile`` a file with no store open on it (the package registers the default file as the
+frames' last resort). Imports only the database module: no engine, no model family.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from typing import Any
 import pandas as pd
 from openai.types.responses import Response
 
-from nbresponses.frames._inputs import register_resolver
 from nbresponses.service.database import (
     _OPEN,
     STORE_ENV,
@@ -105,36 +105,29 @@ def history(
     return frame
 
 
-def resolve(obj: Any) -> list[Response] | None:
-    """Responses for a response id, a list of ids or a ``history()`` frame; None when
-    ``obj`` is none of these. An id found nowhere is a KeyError naming it."""
-    if isinstance(obj, str) and obj.startswith("resp_"):
-        wanted = [obj]
-    elif isinstance(obj, pd.DataFrame) and "id" in obj.columns:
-        wanted = [str(i) for i in obj["id"]]
-    elif isinstance(obj, pd.Series) and obj.name == "id":
-        wanted = [str(i) for i in obj]
-    else:
-        return None
-    return [_find(i) for i in wanted]
+class StoreFile:
+    """Stored responses read by id from a SQLite file no store has open (a lookup for the
+    frames: ``logprobs_frame(id, lookup=StoreFile(path))``); ``path=None`` is the default file,
+    as ``history()`` reads it (``$NBRESPONSES_STORE`` is read at each lookup)."""
 
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self.path = path
 
-def _find(response_id: str) -> Response:
-    for database in list(_OPEN):  # this process's stores: memory first, then their files
-        store = database.store
-        if store is not None:
-            record = store.get(response_id)
-            if record is not None:
-                return record.run.response
-    path = _path_of(None)
-    if path is not None and Path(path).exists():
+    def find(self, response_id: str) -> Response | None:
+        path = _path_of(self.path)
+        if path is None or not Path(path).exists():
+            return None
         with _reader(path) as db:
             row = db.execute(
                 "SELECT response FROM responses WHERE id = ? AND hidden = 0", (response_id,)
             ).fetchone()
-        if row is not None:
-            return Response.model_validate_json(row[0])
-    raise KeyError(f"No stored response with id '{response_id}'.")
+        return None if row is None else Response.model_validate_json(row[0])
+
+    def __repr__(self) -> str:
+        path = _path_of(self.path)
+        if path is None:
+            return f"<no store file: {STORE_ENV} is memory or off>"
+        return f"<store file {path}{'' if Path(path).exists() else ' (none yet)'}>"
 
 
 def _path_of(where: Any) -> str | os.PathLike[str] | None:
@@ -188,6 +181,3 @@ def _match(text: str) -> str:
 
 def _empty() -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=object) for c in COLUMNS})
-
-
-register_resolver(resolve)

@@ -11,6 +11,10 @@ Responses still running are never evicted; evicting one only forgets it here.
 With a ``ResponseDatabase`` behind it the LRU is a cache: every stored response is written to
 SQLite (as started, then as finished, by the database's writer thread), and a response not in
 memory (evicted, or from before a restart, or from another process) is read from there.
+
+Every store registers itself with ``nbresponses.traffic.lookup.stored`` when it is made (held
+weakly: it leaves when it is collected), so frames find the responses it holds by id without
+importing it; once its database is closed it answers from memory only.
 """
 
 from __future__ import annotations
@@ -19,11 +23,14 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from openai.types.responses import Response
+
 from nbresponses.service.codec import from_rows, to_row
 from nbresponses.service.database import RUNNING, ResponseDatabase, StorePath
 from nbresponses.service.footprint import footprint
 from nbresponses.service.record import Record
 from nbresponses.service.run import ResponseRun
+from nbresponses.traffic.lookup import stored
 
 __all__ = ["STORE_DEFAULTS", "Record", "ResponseStore", "StoreDefaults"]
 
@@ -67,12 +74,17 @@ class ResponseStore:
         self.max_responses = max_responses
         self.max_bytes = max_bytes
         self.database = database
-        if database is not None:
-            database.store = self
         self._records: OrderedDict[str, Record] = OrderedDict()
         self._counted: dict[str, list[Any]] = {}  # record id -> the items it counts
         self._items: dict[int, _Shared] = {}  # id(item) -> size and number of counting records
         self._bytes = 0
+        stored.register(self)
+
+    def __repr__(self) -> str:
+        database = self.database
+        where = "" if database is None else f", file {database.path}"
+        closed = " (closed)" if database is not None and database.closed else ""
+        return f"<ResponseStore: {len(self)} responses in memory{where}{closed}>"
 
     def __len__(self) -> int:
         return len(self._records)
@@ -93,6 +105,11 @@ class ResponseStore:
             return record
         return self._load(response_id, chain=False)
 
+    def find(self, response_id: str) -> Response | None:
+        """The stored Response with this id, or None: what frames read ids through."""
+        record = self.get(response_id)
+        return None if record is None else record.run.response
+
     def parent(self, response_id: str) -> Record | None:
         """The record with the conversation before it, to continue from."""
         record = self.get(response_id)
@@ -102,7 +119,7 @@ class ResponseStore:
 
     def _load(self, response_id: str, *, chain: bool) -> Record | None:
         database = self.database
-        if database is None:
+        if database is None or database.closed:
             return None
         pending = database.pending(response_id)
         if pending is not None and (pending.delete or pending.record is not None):

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tracemalloc
 import warnings
+import weakref
 from pathlib import Path
 
 import pytest
@@ -445,7 +446,10 @@ async def test_frames_read_ids_and_history_frames(tokenizer, db_path, clients, m
     client.close()
     monkeypatch.setenv("NBRESPONSES_STORE", str(db_path))  # a new kernel: the default file
     clients.remove(client)
-    client.store.database = None
+    gone = weakref.ref(client.store)
+    del client
+    gc.collect()
+    assert gone() is None  # no store holds it any more: the file answers
     pd.testing.assert_frame_equal(nbr.logprobs_frame(made[0].id), nbr.logprobs_frame(made[0]))
 
 
