@@ -50,9 +50,3 @@ def require(extra: str, feature: str) -> None:
     absent = missing(extra)
     if absent:
         raise MissingExtra(extra, feature, absent)
-
-
-def extra_of(error: ModuleNotFoundError) -> str | None:
-    """The smallest extra that provides the module ``error`` could not find (None: none)."""
-    root = (error.name or "").split(".")[0]
-    return next((extra for extra, names in EXTRAS.items() if root in names), None)

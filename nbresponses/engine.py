@@ -1,7 +1,7 @@
 """``nbr.Engine``: what a user holds — a loaded model plus the Responses API on it.
 
-The engine layer knows tokens, the responses layer knows the protocol; this facade is the one
-place that puts them together, so neither has to import the other.
+The runtime (``runtime/``) knows tokens, the service (``service/``) knows the protocol; this
+facade is the one place that puts them together, so neither has to import the other.
 """
 
 from __future__ import annotations

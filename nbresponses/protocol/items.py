@@ -5,7 +5,7 @@ messages (roles user / system / developer / assistant; string content or ``input
 ``output_text`` parts; an assistant ``phase`` is kept), ``function_call``,
 ``function_call_output`` and ``reasoning`` items (with or without id / status), and the
 built-in tool items of gpt-oss models, ``code_interpreter_call`` and ``web_search_call``
-(which model can read them is the format's call, see ``formats.py``). Items keep their id
+(which model can read them is the family's call, see ``families/``). Items keep their id
 when they have one; others get one, so ``input_items.list`` can page them like OpenAI does.
 """
 

@@ -1,6 +1,6 @@
 """OpenAI's error shape over HTTP: ``{"error": {"message", "type", "param", "code"}}``.
 
-The responses layer raises the openai SDK's own ``APIStatusError`` subclasses, which already
+The service (``service/``) raises the openai SDK's own ``APIStatusError`` subclasses, which already
 carry the status and the body OpenAI would send; here they become JSON responses, so a program
 on the other side of the socket catches the same ``openai.BadRequestError`` as one in process.
 """

@@ -1,6 +1,6 @@
 """Chat-template models: render with the tokenizer's template, read ``<think>`` and Hermes calls.
 
-Generated ids are detokenized incrementally and parsed as text (``formats.parser``); each parser
+Generated ids are detokenized incrementally and parsed as text (``parser.py``); each parser
 event carries the text position it accounts for, which is how each token (and its logprob) is
 attributed to the segment where it begins. Built-in tools and their items need a gpt-oss model
 and are refused here with a 400.
