@@ -2,20 +2,38 @@
 
 from __future__ import annotations
 
-from nbresponses.service.run import _add_stats
+import time
+
+from nbresponses.service.run import _add_stats, _timings
 from nbresponses.tokens.contract import GenerationStats
 
 
 def test_draft_counts_add_up_and_times_stay_the_first_rounds() -> None:
     total = GenerationStats()
-    first = GenerationStats(prompt_tokens=40, cached_tokens=0, output_tokens=12)
-    first.timings.update(queued_s=0.01, prefill_s=0.05, draft_tokens=8, accepted_draft_tokens=6)
-    second = GenerationStats(prompt_tokens=70, cached_tokens=52, output_tokens=20)
-    second.timings.update(queued_s=0.02, prefill_s=0.03, draft_tokens=5, accepted_draft_tokens=1)
+    first = GenerationStats(
+        prompt_tokens=40,
+        cached_tokens=0,
+        output_tokens=12,
+        queued_s=0.01,
+        prefill_s=0.05,
+        draft_tokens=8,
+        accepted_draft_tokens=6,
+    )
+    second = GenerationStats(
+        prompt_tokens=70,
+        cached_tokens=52,
+        output_tokens=20,
+        queued_s=0.02,
+        prefill_s=0.03,
+        draft_tokens=5,
+        accepted_draft_tokens=1,
+    )
     for one in (first, second):
-        _add_stats(total, one, prompt_tokens=0)
+        total = _add_stats(total, one, prompt_tokens=0)
     assert (total.prompt_tokens, total.cached_tokens, total.output_tokens) == (110, 52, 32)
-    assert total.timings == {
+    timings = _timings(total, time.perf_counter())
+    assert timings.pop("wall_s") >= 0
+    assert timings == {
         "queued_s": 0.01,
         "prefill_s": 0.05,
         "draft_tokens": 13,
