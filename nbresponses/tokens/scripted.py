@@ -151,6 +151,8 @@ class ScriptedStream:
             i = 0
             while True:
                 if self._cancelling:
+                    finished = True  # stopped before its end: counted here, not at closing
+                    self._source.cancelled += 1
                     yield Step((), finish_reason="cancelled", stats=stats)
                     return
                 mask = _mask(constraint, closing) if constraint is not None else None
