@@ -22,13 +22,7 @@ from nbresponses.models.prepared import PreparedModel
 from nbresponses.runtime import sampling
 from nbresponses.runtime.prefix_cache import PrefixCache
 from nbresponses.runtime.runner import OnnxRunner
-from nbresponses.runtime.scheduler import (
-    GenerateRequest,
-    Queued,
-    Request,
-    Scheduler,
-    ScoreRequest,
-)
+from nbresponses.runtime.scheduler import GenerateRequest, Request, Scheduler, ScoreRequest
 from nbresponses.tokens.contract import SamplingParams, Step, Tokenizer
 
 DEFAULT_KV_BUDGET = 4 << 30  # bytes of running-batch KV (left padding included)
@@ -135,7 +129,7 @@ class AdmissionGate:
     def __init__(self, generator: TokenGenerator, count: int) -> None:
         self._generator = generator
         self.remaining = count
-        self.held: list[Queued] = []
+        self.held: list[GenerateRequest] = []
         self.released = False
 
     def take(self, request: GenerateRequest | None) -> None:

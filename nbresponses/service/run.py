@@ -273,19 +273,16 @@ class ResponseRun:
 def _timings(stats: GenerationStats, started: float) -> dict[str, float]:
     """The engine's timings of the first round, its counts over all rounds, time to first token
     and the whole run (the ``timings`` stored with the response: seconds end in ``_s``)."""
-    timings: dict[str, float] = {}
-    for key in ("queued_s", "prefill_s"):
-        value = getattr(stats, key)
-        if value is not None:
-            timings[key] = round(value, 6)
-    if stats.draft_tokens:
-        timings["draft_tokens"] = stats.draft_tokens
-        timings["accepted_draft_tokens"] = stats.accepted_draft_tokens
-    for key in ("closing_tokens", "guarded_tokens"):
-        if getattr(stats, key):
-            timings[key] = getattr(stats, key)
-    if stats.total_s is not None:
-        timings["total_s"] = round(stats.total_s, 6)
+    measured: dict[str, float | None] = {  # None: not measured, left out
+        "queued_s": stats.queued_s,
+        "prefill_s": stats.prefill_s,
+        "draft_tokens": stats.draft_tokens or None,  # where some round drafted
+        "accepted_draft_tokens": stats.accepted_draft_tokens if stats.draft_tokens else None,
+        "closing_tokens": stats.closing_tokens or None,
+        "guarded_tokens": stats.guarded_tokens or None,
+        "total_s": stats.total_s,
+    }
+    timings = {k: round(v, 6) for k, v in measured.items() if v is not None}
     if stats.first_token_time is not None:
         timings["first_token_s"] = round(stats.first_token_time - started, 6)
     timings["wall_s"] = round(time.perf_counter() - started, 6)
