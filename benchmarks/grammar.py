@@ -33,7 +33,7 @@ from nbresponses.grammar import Grammar
 from nbresponses.models.prepare import prepare_model
 from nbresponses.runtime import constraints
 from nbresponses.runtime.generator import TokenGenerator
-from nbresponses.tokens.contract import GenerationStats, SamplingParams
+from nbresponses.tokens.contract import SamplingParams
 
 SCHEMA = {
     "type": "object",
@@ -185,10 +185,9 @@ class Clock:
 
 
 async def _one(engine, prompt, params) -> int:
-    stats = GenerationStats()
-    async for _ in engine.generate(prompt, params, stats):
-        pass
-    return stats.output_tokens
+    steps = [step async for step in engine.generate(prompt, params)]
+    assert steps[-1].stats is not None
+    return steps[-1].stats.output_tokens
 
 
 async def mask_cost(engine, family, tokenizer, rounds: int, max_tokens: int) -> None:

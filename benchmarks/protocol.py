@@ -17,7 +17,7 @@ import statistics
 import time
 
 from nbresponses.engine import Engine
-from nbresponses.tokens.contract import GenerationStats, SamplingParams
+from nbresponses.tokens.contract import SamplingParams
 
 PROMPT = "Give me three tips for staying focused while studying."
 
@@ -33,11 +33,11 @@ async def raw(engine: Engine, tokens: int, top: int) -> float:
         top_logprobs=top,
         stop_token_ids=tuple(engine.generator.eos_token_ids),
     )
-    stats = GenerationStats()
     start = time.perf_counter()
-    async for _ in engine.generator.generate(prompt, params, stats):
-        pass
-    return (time.perf_counter() - start) / stats.output_tokens
+    tokens_out = 0
+    async for step in engine.generator.generate(prompt, params):
+        tokens_out += len(step.token_ids)
+    return (time.perf_counter() - start) / tokens_out
 
 
 async def protocol(engine: Engine, tokens: int, top: int) -> float:

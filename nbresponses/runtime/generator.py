@@ -14,7 +14,7 @@ import threading
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from nbresponses.models.cpu import physical_cores
@@ -22,8 +22,8 @@ from nbresponses.models.prepared import PreparedModel
 from nbresponses.runtime import sampling
 from nbresponses.runtime.prefix_cache import PrefixCache
 from nbresponses.runtime.runner import OnnxRunner
-from nbresponses.runtime.scheduler import Request, Scheduler
-from nbresponses.tokens.contract import GenerationStats, SamplingParams, Step, Tokenizer
+from nbresponses.runtime.scheduler import GenerateRequest, Request, Scheduler, ScoreRequest
+from nbresponses.tokens.contract import SamplingParams, Step, Tokenizer
 
 DEFAULT_KV_BUDGET = 4 << 30  # bytes of running-batch KV (left padding included)
 DEFAULT_PREFIX_CACHE = 512 << 20  # bytes of finished requests' KV kept for reuse
@@ -69,10 +69,11 @@ class _Mailbox:
 
 
 class GenerationStream:
-    """One request's steps, as an async iterator. Cancelling its consumer frees the batch row.
+    """One request's steps, as an async iterator (a ``TokenStream``). Cancelling its consumer
+    frees the batch row.
 
     ``cancel()`` (or ``engine.cancel(stream)``) ends it with a final ``finish_reason="cancelled"``
-    step; ``request_id`` identifies it in logs.
+    step; the final step carries the request's stats; ``request_id`` identifies it in logs.
     """
 
     def __init__(self, scheduler: Scheduler, request: Request, queue: asyncio.Queue[Step]) -> None:
@@ -84,10 +85,6 @@ class GenerationStream:
     @property
     def request_id(self) -> int:
         return self._request.id
-
-    @property
-    def stats(self) -> GenerationStats:
-        return self._request.stats
 
     def __aiter__(self) -> GenerationStream:
         return self
@@ -132,10 +129,10 @@ class AdmissionGate:
     def __init__(self, generator: TokenGenerator, count: int) -> None:
         self._generator = generator
         self.remaining = count
-        self.held: list[Request] = []
+        self.held: list[GenerateRequest] = []
         self.released = False
 
-    def take(self, request: Request | None) -> None:
+    def take(self, request: GenerateRequest | None) -> None:
         """Count one ``generate`` call: its request, or None when it raised before queueing."""
         if request is not None:
             self.held.append(request)
@@ -228,12 +225,7 @@ class TokenGenerator:
     def context_length(self) -> int:
         return self._context_length
 
-    def generate(
-        self,
-        prompt_ids: Sequence[int],
-        params: SamplingParams,
-        stats: GenerationStats | None = None,
-    ) -> GenerationStream:
+    def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> GenerationStream:
         """Queue a request now and return its stream. Must be called with a running event loop.
 
         Raises ValueError before admission for an empty or too long prompt, token ids outside
@@ -246,7 +238,18 @@ class TokenGenerator:
             if self._gate is not None:
                 self._gate.take(None)
             raise
-        return self._submit(prompt, params, stats)
+        queue, sink = self._channel()
+        request = GenerateRequest(
+            prompt=prompt,
+            params=params,
+            sink=sink,
+            budget_tokens=min(len(prompt) + params.max_tokens, self._context_length),
+        )
+        if self._gate is not None:
+            self._gate.take(request)
+        else:
+            self._scheduler.submit(request)
+        return GenerationStream(self._scheduler, request, queue)
 
     def together(self, count: int) -> AdmissionGate:
         """Hold the next ``count`` ``generate`` calls and queue their requests at once, when
@@ -287,7 +290,6 @@ class TokenGenerator:
         *,
         start: int = 1,
         top_logprobs: int = 0,
-        stats: GenerationStats | None = None,
         distribution: bool = False,
     ) -> GenerationStream:
         """The logprob of every token from ``start`` on, given those before it, computed in
@@ -310,14 +312,17 @@ class TokenGenerator:
                 " score them in windows"
             )
         self._check_ids(tokens)
-        params = SamplingParams(
-            max_tokens=len(tokens) - start,
-            temperature=0,
+        sampling.validate(SamplingParams(top_logprobs=top_logprobs))  # a generation's bounds
+        queue, sink = self._channel()
+        request = ScoreRequest(
+            prompt=tokens,
+            sink=sink,
+            start=start,
             top_logprobs=top_logprobs,
             distribution=distribution,
         )
-        sampling.validate(params)
-        return self._submit(tokens, params, stats, score_from=start)
+        self._scheduler.submit(request)
+        return GenerationStream(self._scheduler, request, queue)
 
     def _check_ids(self, ids: Sequence[int]) -> None:
         vocab = self.runner.vocab_size
@@ -326,14 +331,9 @@ class TokenGenerator:
                 f"token ids must be in the vocabulary [0, {vocab}); got {min(ids)}..{max(ids)}"
             )
 
-    def _submit(
-        self,
-        prompt: tuple[int, ...],
-        params: SamplingParams,
-        stats: GenerationStats | None,
-        *,
-        score_from: int = 0,
-    ) -> GenerationStream:
+    def _channel(self) -> tuple[asyncio.Queue[Step], Callable[[Step], None]]:
+        """A queue on the running loop, and the worker's sink into it (through the loop's
+        mailbox)."""
         loop = asyncio.get_running_loop()
         mailbox = self._mailboxes.get(loop)
         if mailbox is None:
@@ -343,19 +343,7 @@ class TokenGenerator:
         def sink(step: Step) -> None:
             mailbox.post(queue, step)
 
-        request = Request(
-            prompt=prompt,
-            params=params,
-            stats=stats if stats is not None else GenerationStats(),
-            sink=sink,
-            budget_tokens=min(len(prompt) + params.max_tokens, self._context_length),
-            score_from=score_from,
-        )
-        if self._gate is not None and not score_from:
-            self._gate.take(request)
-        else:
-            self._scheduler.submit(request)
-        return GenerationStream(self._scheduler, request, queue)
+        return queue, sink
 
     # -- control ------------------------------------------------------------------------------
 

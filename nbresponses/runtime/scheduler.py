@@ -64,30 +64,65 @@ IDLE_QUEUE = 8  # finished answers remembered for idle re-computation (newest ke
 _ids = itertools.count(1)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, kw_only=True)
 class Request:
-    """One generation as the worker sees it. ``sink`` must be safe to call from the worker."""
+    """What the worker keeps of any request. ``sink`` must be safe to call from the worker."""
 
     prompt: tuple[int, ...]
-    params: SamplingParams
-    stats: GenerationStats
     sink: Callable[[Step], None]
-    budget_tokens: int  # prompt + the most tokens it may generate (KV reservation)
-    score_from: int = 0  # > 0: a scoring job (logprobs of prompt[score_from:]), no generation
     id: int = field(default_factory=lambda: next(_ids))
+    cancelled: bool = False
+    done: bool = False
+    submitted_at: float = field(default_factory=time.perf_counter)
+    # what the engine measured so far (the worker's alone): its final step carries it
+    stats: GenerationStats = field(default_factory=GenerationStats)
+
+    @property
+    def reusable(self) -> tuple[int, ...]:
+        """The tokens to look up in the prefix cache (which leaves their last one to compute)."""
+        return self.prompt
+
+    def measured(self) -> GenerationStats:
+        """The stats to send with the final step."""
+        return self.stats
+
+
+@dataclass(eq=False, kw_only=True)
+class GenerateRequest(Request):
+    """A generation: prefilled, then a row of the decoding batch until it finishes."""
+
+    params: SamplingParams
+    budget_tokens: int  # prompt + the most tokens it may generate (KV reservation)
     rng: np.random.Generator = field(init=False)
     constraint: RowConstraint | None = field(init=False, default=None)
     generated: list[int] = field(default_factory=list)
     drafter: Drafter | None = None  # speculation's n-gram index of prompt + generated
-    cancelled: bool = False
-    done: bool = False
-    submitted_at: float = field(default_factory=time.perf_counter)
 
     def __post_init__(self) -> None:
         self.rng = sampling.make_rng(self.params)
         if self.params.constraint is not None and not self.params.forced_tokens:
             budget = self.budget_tokens - len(self.prompt)  # the most tokens it may generate
             self.constraint = RowConstraint(self.params.constraint(), budget)
+
+    def measured(self) -> GenerationStats:
+        return dataclasses.replace(self.stats, output_tokens=len(self.generated))
+
+
+@dataclass(eq=False, kw_only=True)
+class ScoreRequest(Request):
+    """A scoring job: the logprobs of ``prompt[start:]``, computed by prefill runs, each given
+    the tokens before it; it generates nothing and never joins the decoding batch."""
+
+    start: int  # the first scored position (>= 1)
+    top_logprobs: int = 0
+    distribution: bool = False  # each entry also carries its whole log-softmax
+
+    @property
+    def reusable(self) -> tuple[int, ...]:
+        return self.prompt[: self.start]  # the first scored token needs the logits before it
+
+
+Queued = GenerateRequest | ScoreRequest  # what ``submit`` takes: a request of either kind
 
 
 class Scheduler:
@@ -115,9 +150,9 @@ class Scheduler:
         else:
             self.kv = SeparateKV(runner.layout)
         self.speculation = runner.exact_steps  # verify drafted tokens in a step (below)
-        self.rows: list[Request] = []
+        self.rows: list[GenerateRequest] = []
         self.steps = 0  # decode steps run (for tests and stats)
-        self._waiting: deque[Request] = deque()
+        self._waiting: deque[Queued] = deque()
         # finished requests' prompt + answer, to re-compute by prefill when idle (newest last)
         self._idle_work: deque[tuple[int, ...]] = deque(maxlen=IDLE_QUEUE)
         self._masks = MaskWorker()
@@ -129,10 +164,10 @@ class Scheduler:
 
     # -- called from any thread ---------------------------------------------------------------
 
-    def submit(self, request: Request) -> None:
+    def submit(self, request: Queued) -> None:
         self.submit_many([request])
 
-    def submit_many(self, requests: Sequence[Request]) -> None:
+    def submit_many(self, requests: Sequence[Queued]) -> None:
         """Queue requests at once: the next admission round sees them all (as many as fit),
         so identical prompts among them share one prefill (``_admit``)."""
         with self._cond:
@@ -190,7 +225,7 @@ class Scheduler:
             self._finish(self.rows[i], Step((), finish_reason="cancelled"))
         self._remove(gone)
 
-    def _fits(self, request: Request, pending: list[Request]) -> bool:
+    def _fits(self, request: GenerateRequest, pending: list[GenerateRequest]) -> bool:
         """Batch size and KV budget (rows x the longest reservation, as left padding costs)."""
         rows = [*self.rows, *pending]
         if not rows:
@@ -211,17 +246,19 @@ class Scheduler:
         prompts first gives most requests their first token sooner, and the last one no later
         (16 chat prompts of 36-226 tokens: the 8th first token after 482 prompt tokens of
         prefill instead of 660)."""
-        taken: list[Request] = []
+        taken: list[Queued] = []
+        rows: list[GenerateRequest] = []  # of those, the ones that will take a batch row
         with self._cond:
             while self._waiting:
                 request = self._waiting[0]
-                rows = [r for r in taken if not (r.score_from or r.cancelled)]
-                if not (request.cancelled or request.score_from or self._fits(request, rows)):
-                    break
+                if isinstance(request, GenerateRequest) and not request.cancelled:
+                    if not self._fits(request, rows):
+                        break
+                    rows.append(request)
                 taken.append(self._waiting.popleft())
         # stable: FIFO among equals; a lone request skips the prefix-cache probe
         order = sorted(taken, key=self._uncached_tokens) if len(taken) > 1 else taken
-        joined: list[tuple[Request, RowKV]] = []
+        joined: list[tuple[GenerateRequest, RowKV]] = []
         shared: dict[tuple[int, ...], tuple[np.ndarray, RowKV]] = {}  # this round's prefills
         done = 0
         try:
@@ -230,7 +267,7 @@ class Scheduler:
                 if request.cancelled:
                     self._finish(request, Step((), finish_reason="cancelled"))
                     continue
-                if request.score_from:
+                if isinstance(request, ScoreRequest):
                     self._score(request)
                     continue
                 try:
@@ -246,12 +283,11 @@ class Scheduler:
             with self._cond:  # anything not reached goes back to the front, in its order
                 self._waiting.extendleft(reversed(order[done:]))
 
-    def _uncached_tokens(self, request: Request) -> int:
+    def _uncached_tokens(self, request: Queued) -> int:
         """The prompt tokens a request's prefill computes (what the prefix cache lacks)."""
         if request.cancelled:
             return 0
-        tokens = request.prompt[: request.score_from] if request.score_from else request.prompt
-        return len(request.prompt) - self.prefix_cache.lookup(tokens)[0]
+        return len(request.prompt) - self.prefix_cache.lookup(request.reusable)[0]
 
     def _extend(
         self,
@@ -260,10 +296,12 @@ class Scheduler:
         past: RowKV | None,
         chunk: int,
         abort: Callable[[], bool] | None = None,
+        each_run: Callable[[int, np.ndarray], None] | None = None,
     ) -> tuple[np.ndarray, RowKV] | None:
         """Compute the KV of ``tokens[start:]`` by prefill runs, given the KV of the first
         ``start`` tokens (``past``). Returns the last token's logits and the KV of all tokens,
-        or None when ``abort()`` said so between runs."""
+        or None when ``abort()`` said so between runs. ``each_run(begin, logits)`` gets every
+        position's logits of each run (its first position ``begin``; a scoring job's)."""
         start, past = even_start(tokens, start, past)
         count = len(tokens) - start
         padded = tokens + tokens[-1:] * (count % 2)  # the dummy: any valid id will do
@@ -278,8 +316,12 @@ class Scheduler:
             mask = np.ones((1, end), np.int64)
             positions = np.arange(begin, end, dtype=np.int64)[None]
             # the last real token is the run's last, or its second-to-last before the dummy
-            position = -1 - max(0, end - len(tokens))
+            last = -1 - max(0, end - len(tokens))
+            position = None if each_run is not None else last
             logits, values = self.runner.run(ids, mask, positions, values, position=position)
+            if each_run is not None:
+                each_run(begin, logits)
+                logits = logits[[last]]  # the last real token's, as a run without the hook
             begin = end
         assert logits is not None
         row = [_array(v)[0] for v in values]
@@ -289,7 +331,7 @@ class Scheduler:
 
     def _prefill(
         self,
-        request: Request,
+        request: GenerateRequest,
         shared: dict[tuple[int, ...], tuple[np.ndarray, RowKV]] | None = None,
     ) -> RowKV | None:
         """Run the prompt alone and send its first token. Returns its KV row, or None when the
@@ -300,17 +342,22 @@ class Scheduler:
         are, its whole prompt reused. Exact: a prompt's prefill depends on the prompt alone, and
         the batch copies the row, so each request draws its own tokens from the same bits."""
         start = time.perf_counter()
-        stats = request.stats
-        stats.timings["queued_s"] = start - request.submitted_at
         prompt = request.prompt
         pending = self._masks.start([request])
         hit = shared.get(prompt) if shared is not None else None
         if hit is not None:
-            logits, row = hit
-            stats.prompt_tokens = stats.cached_tokens = len(prompt)
+            cached, past = len(prompt), None
         else:
             cached, past = even_start(prompt, *self.prefix_cache.lookup(prompt))
-            stats.prompt_tokens, stats.cached_tokens = len(prompt), cached
+        request.stats = dataclasses.replace(
+            request.stats,
+            prompt_tokens=len(prompt),
+            cached_tokens=cached,
+            queued_s=start - request.submitted_at,
+        )
+        if hit is not None:
+            logits, row = hit
+        else:
             self.prefix_cache.served(len(prompt), cached)
             computed = self._extend(prompt, cached, past, PREFILL_CHUNK)
             assert computed is not None
@@ -318,67 +365,53 @@ class Scheduler:
             self.prefix_cache.store(prompt, row)
             if shared is not None:
                 shared[prompt] = (logits, row)
-        stats.timings["prefill_s"] = time.perf_counter() - start
+        request.stats = dataclasses.replace(request.stats, prefill_s=time.perf_counter() - start)
         pending.wait()
         if self._emit(request, logits):
             return None
         return row
 
-    def _score(self, request: Request) -> None:
-        """A scoring job: prefill runs with the logits of every position, each run's tokens
-        sent as one step. Runs of ``SCORE_CHUNK`` tokens, between which decoding rows wait
-        (a long text delays them by one run at a time)."""
-        tokens, start = request.prompt, request.score_from
-        params = request.params
-        request.stats.prompt_tokens = start
-        try:
-            cached, past = even_start(tokens, *self.prefix_cache.lookup(tokens[:start]))
-            request.stats.cached_tokens = cached
-            self.prefix_cache.served(len(tokens), cached)
-            values: list[Any] = (
-                self.runner.layout.empty() if past is None else [a[None] for a in past]
-            )
-            count = len(tokens) - cached
-            padded = tokens + tokens[-1:] * (count % 2)  # even runs, as every prefill
-            begin = cached
-            for length in prefill_runs(count, SCORE_CHUNK):
-                if request.cancelled:
-                    self._finish(request, Step((), finish_reason="cancelled"))
-                    return
-                end = begin + length
-                ids = np.asarray(padded[begin:end], np.int64)[None]
-                logits, values = self.runner.run(
-                    ids,
-                    np.ones((1, end), np.int64),
-                    np.arange(begin, end, dtype=np.int64)[None],
-                    values,
-                    position=None,
+    def _score(self, request: ScoreRequest) -> None:
+        """A scoring job: prefill runs with the logits of every position, each run's scored
+        tokens sent as one step. Runs of ``SCORE_CHUNK`` tokens, between which decoding rows
+        wait (a long text delays them by one run at a time)."""
+        tokens, start = request.prompt, request.start
+
+        def send(begin: int, logits: np.ndarray) -> None:
+            # positions [begin, end) predict tokens [begin + 1, end + 1)
+            first, last = max(start, begin + 1), min(begin + len(logits) + 1, len(tokens))
+            scored = tuple(
+                sampling.token_logprob(
+                    logits[p - 1 - begin],
+                    tokens[p],
+                    request.top_logprobs,
+                    details=True,
+                    distribution=request.distribution,
                 )
-                # positions [begin, end) predict tokens [begin + 1, end + 1)
-                first = max(start, begin + 1)
-                last = min(end + 1, len(tokens))
-                scored = [
-                    sampling.token_logprob(
-                        logits[p - 1 - begin],
-                        tokens[p],
-                        params.top_logprobs,
-                        details=True,
-                        distribution=params.distribution,
-                    )
-                    for p in range(first, last)
-                ]
-                if scored:
-                    done = last == len(tokens)
-                    step = Step(
-                        tuple(tokens[first:last]),
-                        tuple(scored),
-                        finish_reason="length" if done else None,
-                    )
-                    request.stats.output_tokens += len(scored)
-                    (self._finish if done else self._send)(request, step)
-                begin = end
-            row = [_array(v)[0][:, : len(tokens)] for v in values]
-            self.prefix_cache.store(tokens, [np.ascontiguousarray(a) for a in row])
+                for p in range(first, last)
+            )
+            if scored:
+                request.stats = dataclasses.replace(
+                    request.stats, output_tokens=request.stats.output_tokens + len(scored)
+                )
+                if last == len(tokens):
+                    self._finish(request, Step(tokens[first:last], scored, finish_reason="length"))
+                else:
+                    self._send(request, Step(tokens[first:last], scored))
+
+        try:
+            cached, past = even_start(tokens, *self.prefix_cache.lookup(request.reusable))
+            request.stats = dataclasses.replace(
+                request.stats, prompt_tokens=start, cached_tokens=cached
+            )
+            self.prefix_cache.served(len(tokens), cached)
+            computed = self._extend(
+                tokens, cached, past, SCORE_CHUNK, lambda: request.cancelled, each_run=send
+            )
+            if computed is None:
+                self._finish(request, Step((), finish_reason="cancelled"))
+                return
+            self.prefix_cache.store(tokens, computed[1])
         except Exception as exc:  # one bad job must not stop the others
             self._finish(request, Step((), finish_reason="error", error=_describe(exc)))
 
@@ -458,7 +491,7 @@ class Scheduler:
             return None
         return [draft[: width - 1] for draft in proposals]
 
-    def _propose(self, request: Request) -> list[int]:
+    def _propose(self, request: GenerateRequest) -> list[int]:
         """The row's draft (``speculation.Drafter``): greedy rows without a grammar only,
         never past ``max_tokens`` or the context."""
         drafter = request.drafter
@@ -476,7 +509,9 @@ class Scheduler:
         )
         return drafter.propose(limit=room)
 
-    def _accept(self, request: Request, draft: list[int], logits: np.ndarray) -> tuple[int, bool]:
+    def _accept(
+        self, request: GenerateRequest, draft: list[int], logits: np.ndarray
+    ) -> tuple[int, bool]:
         """Emit the row's tokens from a step's logits: position 0 chooses the token after the
         last one; each later position counts only while the model chose the draft before it.
         Returns (drafted tokens kept, whether the request finished)."""
@@ -493,14 +528,17 @@ class Scheduler:
         return kept, False
 
     @staticmethod
-    def _record(request: Request, drafted: int, kept: int) -> None:
+    def _record(request: GenerateRequest, drafted: int, kept: int) -> None:
         assert request.drafter is not None
         request.drafter.record(drafted, kept)
-        stats = request.stats.timings
-        stats["draft_tokens"] = stats.get("draft_tokens", 0) + drafted
-        stats["accepted_draft_tokens"] = stats.get("accepted_draft_tokens", 0) + kept
+        stats = request.stats
+        request.stats = dataclasses.replace(
+            stats,
+            draft_tokens=stats.draft_tokens + drafted,
+            accepted_draft_tokens=stats.accepted_draft_tokens + kept,
+        )
 
-    def _cache_answer(self, request: Request, index: int) -> None:
+    def _cache_answer(self, request: GenerateRequest, index: int) -> None:
         """Give the prefix cache a finished row's KV (prompt and answer but its last token)
         as decoding computed it: on ``exact_steps`` graphs those are the bits a prefill of the
         same tokens computes, so a follow-up turn reuses them at once."""
@@ -518,7 +556,7 @@ class Scheduler:
             drop = set(indices)
             self.rows = [r for i, r in enumerate(self.rows) if i not in drop]
 
-    def _emit(self, request: Request, logits: np.ndarray) -> bool:
+    def _emit(self, request: GenerateRequest, logits: np.ndarray) -> bool:
         """Choose a token, send its Step; True when the request is finished."""
         params = request.params
         forced = params.forced_tokens
@@ -552,10 +590,8 @@ class Scheduler:
             self._finish(request, Step((), finish_reason="error", error=_describe(exc)))
             return True
         request.generated.append(token)
-        stats = request.stats
-        stats.output_tokens = len(request.generated)
-        if stats.first_token_time is None:
-            stats.first_token_time = time.perf_counter()
+        if request.stats.first_token_time is None:
+            request.stats = dataclasses.replace(request.stats, first_token_time=time.perf_counter())
         reason: FinishReason | None = None
         eos = token in self.stop_ids and not params.ignore_eos
         if not forced and (eos or token in params.stop_token_ids):
@@ -563,7 +599,9 @@ class Scheduler:
             closing = request.constraint.closing if request.constraint is not None else None
             if closing is not None and closing.closed_early:
                 reason = "length"  # the budget ended the answer (it closed it in time)
-                stats.timings["closing_tokens"] = closing.closed_tokens
+                request.stats = dataclasses.replace(
+                    request.stats, closing_tokens=closing.closed_tokens
+                )
         elif (
             len(request.generated) >= params.max_tokens
             or len(request.prompt) + len(request.generated) >= self.context_length
@@ -574,7 +612,7 @@ class Scheduler:
         if reason and request.constraint is not None:
             guarded = getattr(request.constraint.constraint, "guarded", 0)
             if guarded:  # tokens chosen while the repetition guard banned a continuation
-                stats.timings["guarded_tokens"] = guarded
+                request.stats = dataclasses.replace(request.stats, guarded_tokens=guarded)
         if reason:
             # graphs whose decode steps compute other bits than prefill (GroupQueryAttention)
             # re-compute the answer by prefill when idle; others cache it as it is
@@ -586,10 +624,12 @@ class Scheduler:
         return reason is not None
 
     def _finish(self, request: Request, step: Step) -> None:
+        """Send a request's final step, with its stats."""
         if not request.done:
             request.done = True
-            request.stats.timings["total_s"] = time.perf_counter() - request.submitted_at
-            self._send(request, step)
+            total = time.perf_counter() - request.submitted_at
+            stats = dataclasses.replace(request.measured(), total_s=total)
+            self._send(request, dataclasses.replace(step, stats=stats))
 
     def _send(self, request: Request, step: Step) -> None:
         try:
@@ -620,15 +660,10 @@ def prefill_runs(count: int, chunk: int = PREFILL_CHUNK) -> list[int]:
     return runs
 
 
-def _greedy_and_free(request: Request) -> bool:
+def _greedy_and_free(request: GenerateRequest) -> bool:
     """Whether drafted tokens can be checked by comparison: greedy, no grammar, no forcing."""
     params = request.params
-    return (
-        params.temperature == 0
-        and request.constraint is None
-        and not params.forced_tokens
-        and not request.score_from
-    )
+    return params.temperature == 0 and request.constraint is None and not params.forced_tokens
 
 
 def _array(value: Any) -> np.ndarray:

@@ -33,6 +33,7 @@ from nbresponses.tokens.contract import (
     SamplingParams,
     TokenIdLogprob,
     TokenSource,
+    stop_early,
 )
 
 CONTEXT_IDS = 8  # prompt ids the detokenizer reads before generated text (spacing, characters)
@@ -144,16 +145,18 @@ class _Choice:
             logprobs=req.logprobs is not None,
             top_logprobs=req.logprobs or 0,
         )
-        stats = GenerationStats()
         try:
-            steps = source.generate(self.ids, params, stats)
+            steps = source.generate(self.ids, params)
         except ValueError as exc:
             raise bad_request(f"Invalid 'prompt': {exc}.", param="prompt") from None
         stops = req.stop
         emitted = 0  # characters of generated text already sent
         out = ""
+        stats: GenerationStats | None = None  # the final step's
         try:
             async for step in steps:
+                if step.finish_reason is not None:
+                    stats = step.stats
                 piece = _Piece("")
                 for j, token_id in enumerate(step.token_ids):
                     self.generated += 1
@@ -179,10 +182,13 @@ class _Choice:
                 piece.text, emitted = out[emitted:end], max(emitted, end)
                 yield piece
                 if piece.finish_reason is not None:
+                    if step.finish_reason is None:  # a stop sequence ended it first
+                        stats = await stop_early(steps)
                     return
         finally:
-            self.cached = max(self.cached, stats.cached_tokens)
-            await steps.aclose()  # type: ignore[attr-defined]
+            if stats is not None:
+                self.cached = max(self.cached, stats.cached_tokens)
+            await steps.aclose()
 
 
 def _find_stop(text: str, stops: Sequence[str]) -> int | None:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from nbresponses.tokens.contract import GenerationStats, TokenIdLogprob
+from nbresponses.tokens.contract import TokenIdLogprob
 
 from .scoring import Method, Scorer, Scoring
 
@@ -46,7 +46,7 @@ async def _distributions(
     scorer: Scorer, context: list[int], given: list[int], method: Method
 ) -> list[TokenIdLogprob]:
     out: list[TokenIdLogprob] = []
-    steps = scorer._steps(context, given, 0, method, GenerationStats(), True)
+    steps = scorer._steps(context, given, 0, method, True)
     async for step in steps:
         if step.finish_reason in ("error", "cancelled"):
             raise RuntimeError(f"scoring ended: {step.error or step.finish_reason}")

@@ -25,7 +25,23 @@ from openai.types.responses import Response, ResponseStreamEvent
 from nbresponses.families.base import Decoder
 from nbresponses.protocol.events import EventBuilder
 from nbresponses.protocol.usage import build_usage
-from nbresponses.tokens.contract import GenerationStats, SamplingParams, TokenSource
+from nbresponses.tokens.contract import (
+    GenerationStats,
+    SamplingParams,
+    TokenSource,
+    stop_early,
+)
+
+
+@dataclass(frozen=True)
+class Round:
+    """What one engine request of a response gave: its tokens, how it ended, the engine's
+    stats (None when it ended before its final step: cancelled, or the source failed)."""
+
+    generated: tuple[int, ...]
+    finish: str
+    error: str | None = None
+    stats: GenerationStats | None = None
 
 
 @dataclass(frozen=True)
@@ -91,7 +107,9 @@ class ResponseRun:
         self._changed = asyncio.Event()
         self.done = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
-        self.timings: dict[str, float] = dict(timings or {})  # the engine's, seconds
+        self.timings: dict[str, float] = dict(
+            timings or {}
+        )  # the engine's: seconds (_s) and counts (_tokens)
         if generation is None:
             self.done.set()
             return
@@ -235,21 +253,16 @@ class ResponseRun:
                     finish = "length"
                     break
                 params = dataclasses.replace(gen.params, max_tokens=budget)
-                round_stats = GenerationStats()
-                generated: list[int] = []
-                try:
-                    finish, error = await self._round(
-                        source, decoder, prompt, params, round_stats, generated
-                    )
-                finally:
-                    output_tokens += len(generated)
-                    _add_stats(stats, round_stats, len(prompt))
+                done = await self._round(source, decoder, prompt, params)
+                output_tokens += len(done.generated)
+                stats = _add_stats(stats, done.stats, len(prompt))
+                finish, error = done.finish, done.error
                 if finish != "stop":
                     break
                 more = await decoder.follow_up()
                 if more is None:
                     break
-                prompt = [*prompt, *generated, *more]
+                prompt = [*prompt, *done.generated, *more]
         except asyncio.CancelledError:
             finish = "cancelled"
         except Exception as exc:  # a tool runner failed: this response fails, nothing else
@@ -283,12 +296,14 @@ class ResponseRun:
         decoder: Decoder,
         prompt: list[int],
         params: SamplingParams,
-        stats: GenerationStats,
-        generated: list[int],
-    ) -> tuple[str, str | None]:
-        """One engine request; feeds the decoder, fills ``generated``; (finish, error)."""
-        finish, error = "stop", None
-        steps = source.generate(prompt, params, stats)
+    ) -> Round:
+        """One engine request, its tokens fed to the decoder."""
+        try:
+            steps = source.generate(prompt, params)
+        except Exception as exc:  # refused (the prompt, the settings): this response fails
+            return Round((), "error", f"{type(exc).__name__}: {exc}")
+        generated: list[int] = []
+        finish, error, stats = "stop", None, None
         try:
             async for step in steps:
                 logprobs = step.logprobs or ()
@@ -296,19 +311,23 @@ class ResponseRun:
                     generated.append(token)
                     decoder.feed(token, logprobs[i] if i < len(logprobs) else None)
                 if step.finish_reason is not None:
-                    finish, error = step.finish_reason, step.error
+                    finish, error, stats = step.finish_reason, step.error, step.stats
                     break
                 if decoder.stop:
                     # one call was asked for and it is complete (if the budget closed it, the
                     # response is cut short all the same)
                     finish = "length" if step.closed else "stop"
+                    with contextlib.suppress(asyncio.CancelledError):
+                        stats = await stop_early(steps)  # for the stats of the final step
                     break
+        except asyncio.CancelledError:  # the response is cancelled: what came so far counts
+            finish = "cancelled"
         except Exception as exc:  # the engine failed: this response fails, nothing else
             finish, error = "error", f"{type(exc).__name__}: {exc}"
         finally:
             with contextlib.suppress(Exception, asyncio.CancelledError):
-                await steps.aclose()  # type: ignore[attr-defined]
-        return finish, error
+                await steps.aclose()
+        return Round(tuple(generated), finish, error, stats)
 
     def _append_nothing(self) -> None:
         changed, self._changed = self._changed, asyncio.Event()
@@ -316,24 +335,44 @@ class ResponseRun:
 
 
 def _timings(stats: GenerationStats, started: float) -> dict[str, float]:
-    """The engine's timings of the first round, time to first token and the whole run."""
-    timings = {k: round(v, 6) for k, v in stats.timings.items()}
+    """The engine's timings of the first round, its counts over all rounds, time to first token
+    and the whole run (the ``timings`` stored with the response: seconds end in ``_s``)."""
+    measured: dict[str, float | None] = {  # None: not measured, left out
+        "queued_s": stats.queued_s,
+        "prefill_s": stats.prefill_s,
+        "draft_tokens": stats.draft_tokens or None,  # where some round drafted
+        "accepted_draft_tokens": stats.accepted_draft_tokens if stats.draft_tokens else None,
+        "closing_tokens": stats.closing_tokens or None,
+        "guarded_tokens": stats.guarded_tokens or None,
+        "total_s": stats.total_s,
+    }
+    timings = {k: round(v, 6) for k, v in measured.items() if v is not None}
     if stats.first_token_time is not None:
         timings["first_token_s"] = round(stats.first_token_time - started, 6)
     timings["wall_s"] = round(time.perf_counter() - started, 6)
     return timings
 
 
-def _add_stats(total: GenerationStats, one: GenerationStats, prompt_tokens: int) -> None:
+def _add_stats(
+    total: GenerationStats, one: GenerationStats | None, prompt_tokens: int
+) -> GenerationStats:
     """Usage over rounds: every round's prompt is input again (most of it cached), as OpenAI
-    counts a response that called built-in tools."""
-    total.prompt_tokens += one.prompt_tokens or prompt_tokens
-    total.cached_tokens += one.cached_tokens
-    total.output_tokens += one.output_tokens
-    if total.first_token_time is None:
-        total.first_token_time = one.first_token_time
-    for key, value in one.timings.items():
-        if key.endswith("_tokens"):  # counts (drafted, kept) add up over rounds
-            total.timings[key] = total.timings.get(key, 0) + value
-        else:  # times are the first round's
-            total.timings.setdefault(key, value)
+    counts a response that called built-in tools; counts add up, times are the first round's."""
+    one = one or GenerationStats()
+    return GenerationStats(
+        prompt_tokens=total.prompt_tokens + (one.prompt_tokens or prompt_tokens),
+        cached_tokens=total.cached_tokens + one.cached_tokens,
+        output_tokens=total.output_tokens + one.output_tokens,
+        draft_tokens=total.draft_tokens + one.draft_tokens,
+        accepted_draft_tokens=total.accepted_draft_tokens + one.accepted_draft_tokens,
+        closing_tokens=total.closing_tokens + one.closing_tokens,
+        guarded_tokens=total.guarded_tokens + one.guarded_tokens,
+        queued_s=_first(total.queued_s, one.queued_s),
+        prefill_s=_first(total.prefill_s, one.prefill_s),
+        total_s=_first(total.total_s, one.total_s),
+        first_token_time=_first(total.first_token_time, one.first_token_time),
+    )
+
+
+def _first(a: float | None, b: float | None) -> float | None:
+    return a if a is not None else b

@@ -61,12 +61,11 @@ from nbresponses.families.base import Family
 from nbresponses.protocol.ids import new_id
 from nbresponses.protocol.request import parse_create
 from nbresponses.tokens.contract import (
-    GenerationStats,
     SamplingParams,
     ScoringSource,
-    Step,
     TokenIdLogprob,
     TokenSource,
+    TokenStream,
 )
 from nbresponses.traffic.events import GIVEN_METADATA
 
@@ -305,11 +304,12 @@ class Scorer(ScorerBase):
             run = Scoring(job.prompt, [*job.given, self._document_start()])
         cached = 0
         for prompt, given in self._windows(run):
-            stats = GenerationStats()
-            steps = self._steps(prompt, given, top_logprobs, method, stats, word_starts)
+            steps = self._steps(prompt, given, top_logprobs, method, word_starts)
             async for step in steps:
                 if step.finish_reason in ("error", "cancelled"):
                     raise RuntimeError(f"scoring ended: {step.error or step.finish_reason}")
+                if step.stats is not None:
+                    cached += step.stats.cached_tokens
                 for lp in step.logprobs or ():
                     if word_starts:  # keep one float, never the whole distribution
                         if lp.distribution is None:
@@ -324,7 +324,6 @@ class Scorer(ScorerBase):
                         masses.append(word_start_logmass(lp.distribution, mask))
                         lp = dataclasses.replace(lp, distribution=None)
                     logprobs.append(lp)
-            cached += stats.cached_tokens
         if len(logprobs) != len(run.given):
             raise RuntimeError(f"scored {len(logprobs)} of {len(run.given)} tokens")
         return logprobs[: len(job.given)], cached, masses
@@ -338,9 +337,8 @@ class Scorer(ScorerBase):
         given: list[int],
         top_logprobs: int,
         method: Method,
-        stats: GenerationStats,
         distribution: bool = False,
-    ) -> AsyncIterator[Step]:
+    ) -> TokenStream:
         if method == "prefill":
             if not isinstance(self.source, ScoringSource):
                 raise ValueError(
@@ -352,11 +350,10 @@ class Scorer(ScorerBase):
                     [*prompt, *given],
                     start=len(prompt),
                     top_logprobs=top_logprobs,
-                    stats=stats,
                     distribution=True,
                 )
             return self.source.score(
-                [*prompt, *given], start=len(prompt), top_logprobs=top_logprobs, stats=stats
+                [*prompt, *given], start=len(prompt), top_logprobs=top_logprobs
             )
         params = SamplingParams(
             max_tokens=len(given),
@@ -367,7 +364,7 @@ class Scorer(ScorerBase):
             details=True,
             distribution=distribution,
         )
-        return self.source.generate(prompt, params, stats)
+        return self.source.generate(prompt, params)
 
     def _response(
         self,

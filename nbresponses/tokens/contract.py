@@ -1,12 +1,12 @@
 """The engine's contract: what a request asks for and what it gets back, token by token.
 
-These types are the only thing the `formats` and `responses` layers know about the engine, so a
+These types are the only thing the families and the service know about the engine, so a
 scripted token source (tests) and the real ONNX Runtime engine are interchangeable.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -105,13 +105,33 @@ class TokenIdLogprob:
 
 
 @dataclass(frozen=True)
+class GenerationStats:
+    """What the engine measured of one request, sent by value with its final ``Step``.
+
+    Counts apart from seconds; the seconds are None when the request never reached that stage
+    (a cancelled request never prefilled, a scoring job has no first token)."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose KV was reused from an earlier request
+    output_tokens: int = 0  # tokens generated (or scored)
+    draft_tokens: int = 0  # speculation: drafted tokens verified by decode steps
+    accepted_draft_tokens: int = 0  # of those, the ones the model chose too (kept)
+    closing_tokens: int = 0  # choices budget-aware closing replaced (``tokens/closing.py``)
+    guarded_tokens: int = 0  # choices made while a grammar's repetition guard banned one
+    queued_s: float | None = None  # from submission to the start of its prefill
+    prefill_s: float | None = None  # its prefill, up to the logits of the first token
+    total_s: float | None = None  # from submission to the final step
+    first_token_time: float | None = None  # time.perf_counter() when the first token was ready
+
+
+@dataclass(frozen=True)
 class Step:
     """What one request gets from one decode step (or the last, with a finish reason).
 
     ``token_ids`` are the tokens generated in this step (usually one; none on a pure finish).
     ``logprobs`` has one entry per token when the request asked for logprobs, else None.
     ``finish_reason`` is set on the last step only; ``error`` carries the message when it is
-    "error".
+    "error", ``stats`` what the engine measured of the request (the last step only, too).
     """
 
     token_ids: tuple[int, ...]
@@ -121,17 +141,35 @@ class Step:
     # budget-aware closing has replaced a choice of this generation (by this step): the budget,
     # not the model, shapes its end (``tokens/closing.py``)
     closed: bool = False
+    stats: GenerationStats | None = field(default=None, compare=False)  # measures, not content
 
 
-@dataclass
-class GenerationStats:
-    """Counts a request's consumer needs for usage reporting; filled in as the request runs."""
+@runtime_checkable
+class TokenStream(Protocol):
+    """One request's steps, ending with the step that has a ``finish_reason``.
 
-    prompt_tokens: int = 0
-    cached_tokens: int = 0  # prompt tokens whose KV was reused from an earlier request
-    output_tokens: int = 0
-    first_token_time: float | None = None  # time.perf_counter() when the first token was ready
-    timings: dict[str, float] = field(default_factory=dict)
+    ``cancel()`` asks the source to stop early: the stream then ends with a "cancelled" step
+    (unless it had ended already), which carries the stats as any final step does.
+    ``aclose()`` (or cancelling the consuming task) stops it without waiting for that step.
+    """
+
+    def __aiter__(self) -> TokenStream: ...
+
+    async def __anext__(self) -> Step: ...
+
+    def cancel(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+async def stop_early(stream: TokenStream) -> GenerationStats | None:
+    """Cancel a stream whose consumer needs no more tokens and read on to its final step, for
+    the stats it carries (the steps before it are dropped)."""
+    stream.cancel()
+    async for step in stream:
+        if step.finish_reason is not None:
+            return step.stats
+    return None
 
 
 @runtime_checkable
@@ -144,12 +182,7 @@ class TokenSource(Protocol):
     @property
     def context_length(self) -> int: ...
 
-    def generate(
-        self,
-        prompt_ids: Sequence[int],
-        params: SamplingParams,
-        stats: GenerationStats | None = None,
-    ) -> AsyncIterator[Step]:
+    def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> TokenStream:
         """Stream the steps of one request. Cancelling the consuming task frees its batch row."""
         ...
 
@@ -191,9 +224,8 @@ class ScoringSource(TokenSource, Protocol):
         *,
         start: int = 1,
         top_logprobs: int = 0,
-        stats: GenerationStats | None = None,
         distribution: bool = False,
-    ) -> AsyncIterator[Step]:
+    ) -> TokenStream:
         """Logprobs of ``token_ids[start:]``, each given the tokens before it (with
         ``distribution``, each entry also carries its full log-softmax)."""
         ...

@@ -2,8 +2,9 @@
 
 It honours the parts of the engine contract a consumer can observe: ``max_tokens`` (finish
 "length"), end-of-sequence ids and ``stop_token_ids`` (finish "stop"), logprobs only when asked
-(with exactly ``top_logprobs`` alternatives), usage counts in ``GenerationStats``, and
-cancellation (closing the iterator or cancelling the consuming task stops it). A grammar
+(with exactly ``top_logprobs`` alternatives), usage counts in the final step's
+``GenerationStats``, and cancellation (``cancel()`` ends the stream with a "cancelled" step;
+closing the iterator or cancelling the consuming task stops it at once). A grammar
 (``params.constraint``) is checked as the engine applies it: each scripted token must be one
 the mask allows, else the generation ends with finish "error" naming the token (a script is
 not a model: it cannot pick another token, so a test sees the grammar refuse it). Budget-aware
@@ -15,8 +16,9 @@ for the way to the grammar's end, the source writes that way instead of the scri
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,17 +93,36 @@ class ScriptedTokenSource:
     def stats(self) -> dict[str, Any]:
         return {"requests": self._calls, "cancelled": self.cancelled}
 
-    def generate(
-        self,
-        prompt_ids: Sequence[int],
-        params: SamplingParams,
-        stats: GenerationStats | None = None,
-    ) -> AsyncIterator[Step]:
+    def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> ScriptedStream:
         script = self._scripts[min(self._calls, len(self._scripts) - 1)]
         self._calls += 1
         self.prompts.append(list(prompt_ids))
         self.params.append(params)
-        return self._run(script, list(prompt_ids), params, stats or GenerationStats())
+        return ScriptedStream(self, script, list(prompt_ids), params)
+
+
+class ScriptedStream:
+    """One script's steps as a ``TokenStream``; the final step carries the stats."""
+
+    def __init__(
+        self, source: ScriptedTokenSource, script: Script, prompt: list[int], params: SamplingParams
+    ) -> None:
+        self._source = source
+        self._cancelling = False
+        self._steps = self._run(script, prompt, params)
+
+    def __aiter__(self) -> ScriptedStream:
+        return self
+
+    async def __anext__(self) -> Step:
+        return await anext(self._steps)
+
+    def cancel(self) -> None:
+        """End with a "cancelled" step before the next token."""
+        self._cancelling = True
+
+    async def aclose(self) -> None:
+        await self._steps.aclose()
 
     def _logprob(
         self, script: Script, i: int, token: int, params: SamplingParams
@@ -116,11 +137,12 @@ class ScriptedTokenSource:
         return TokenIdLogprob(token, value, tuple(top[: params.top_logprobs]), processed=processed)
 
     async def _run(
-        self, script: Script, prompt: list[int], params: SamplingParams, stats: GenerationStats
-    ) -> AsyncIterator[Step]:
-        stats.prompt_tokens = len(prompt)
-        stats.cached_tokens = min(script.cached_tokens, len(prompt))
-        stops = set(self._eos) | set(params.stop_token_ids)
+        self, script: Script, prompt: list[int], params: SamplingParams
+    ) -> AsyncGenerator[Step, None]:
+        stats = GenerationStats(
+            prompt_tokens=len(prompt), cached_tokens=min(script.cached_tokens, len(prompt))
+        )
+        stops = set(self._source.eos_token_ids) | set(params.stop_token_ids)
         finished = False
         constraint = params.constraint() if params.constraint is not None else None
         closing = BudgetClosing(constraint, params.max_tokens) if constraint is not None else None
@@ -128,6 +150,11 @@ class ScriptedTokenSource:
         try:
             i = 0
             while True:
+                if self._cancelling:
+                    finished = True  # stopped before its end: counted here, not at closing
+                    self._source.cancelled += 1
+                    yield Step((), finish_reason="cancelled", stats=stats)
+                    return
                 mask = _mask(constraint, closing) if constraint is not None else None
                 # once the closing replaced the script, it writes on to the end
                 forced = closing.forcing if closing is not None and closing.closed_early else None
@@ -137,16 +164,17 @@ class ScriptedTokenSource:
                 token = forced if forced is not None else script_tokens[i]
                 if mask is not None and not _bit(mask, token):
                     finished = True
-                    yield Step(
-                        (), finish_reason="error", error=f"the grammar refuses token {token}"
-                    )
+                    error = f"the grammar refuses token {token}"
+                    yield Step((), finish_reason="error", error=error, stats=stats)
                     return
                 if closing is not None:
                     token = closing.admit(token)
                 await asyncio.sleep(script.delay)
-                if stats.first_token_time is None:
-                    stats.first_token_time = time.perf_counter()
-                stats.output_tokens += 1
+                stats = dataclasses.replace(
+                    stats,
+                    output_tokens=stats.output_tokens + 1,
+                    first_token_time=stats.first_token_time or time.perf_counter(),
+                )
                 lp = (self._logprob(script, i, token, params),) if params.logprobs else None
                 i += 1
                 if constraint is not None and closing is not None:
@@ -155,23 +183,24 @@ class ScriptedTokenSource:
                 closed = closing is not None and closing.closed_early
                 if token in stops:
                     finished = True
-                    yield Step((token,), lp, "length" if closed else "stop", closed=closed)
+                    reason: FinishReason = "length" if closed else "stop"
+                    yield Step((token,), lp, reason, closed=closed, stats=stats)
                     return
                 if stats.output_tokens >= params.max_tokens:
                     finished = True
-                    yield Step((token,), lp, finish_reason="length", closed=closed)
+                    yield Step((token,), lp, finish_reason="length", closed=closed, stats=stats)
                     return
                 yield Step((token,), lp, closed=closed)
             finished = True
             if script.error is not None:
                 if script.raise_error:
                     raise RuntimeError(script.error)
-                yield Step((), finish_reason="error", error=script.error)
+                yield Step((), finish_reason="error", error=script.error, stats=stats)
             else:
-                yield Step((), finish_reason=script.finish)
+                yield Step((), finish_reason=script.finish, stats=stats)
         finally:
             if not finished:
-                self.cancelled += 1
+                self._source.cancelled += 1
 
 
 def _mask(constraint: TokenConstraint, closing: BudgetClosing | None) -> np.ndarray:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from nbresponses.runtime.generator import TokenGenerator
-from nbresponses.tokens.contract import GenerationStats, SamplingParams, Step
+from nbresponses.tokens.contract import SamplingParams, Step
 
 
 @dataclass(frozen=True)
@@ -28,8 +28,7 @@ class Outcome:
 
 
 async def run(engine: TokenGenerator, prompt: Sequence[int], params: SamplingParams) -> Outcome:
-    stats = GenerationStats()
-    return Outcome(tuple([step async for step in engine.generate(prompt, params, stats)]))
+    return Outcome(tuple([step async for step in engine.generate(prompt, params)]))
 
 
 async def run_after(
@@ -45,7 +44,7 @@ async def mate(
     """A batch-mate: greedy, ``tokens`` long; sets ``started`` after its third token."""
     params = SamplingParams(max_tokens=tokens, temperature=0, logprobs=True, top_logprobs=2)
     steps = []
-    async for step in engine.generate(prompt, params, GenerationStats()):
+    async for step in engine.generate(prompt, params):
         steps.append(step)
         if started is not None and len(steps) == 3:
             started.set()

@@ -30,9 +30,10 @@ def chat_ids(tokenizer, text: str) -> list[int]:
 async def collect(
     engine, prompt: Sequence[int], params: SamplingParams
 ) -> tuple[list[Step], GenerationStats]:
-    stats = GenerationStats()
-    steps = [step async for step in engine.generate(prompt, params, stats)]
-    return steps, stats
+    """The steps, and the stats the final one carries."""
+    steps = [step async for step in engine.generate(prompt, params)]
+    assert steps[-1].stats is not None
+    return steps, steps[-1].stats
 
 
 def tokens(steps: list[Step]) -> list[int]:

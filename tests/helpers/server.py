@@ -7,7 +7,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import httpx2
@@ -16,7 +16,7 @@ import openai
 from nbresponses.server.inprocess import InProcessServer
 from nbresponses.server.serve import make_server
 from nbresponses.service.client import AsyncResponsesClient
-from nbresponses.tokens.contract import GenerationStats, SamplingParams, Step
+from nbresponses.tokens.contract import SamplingParams, Step, TokenStream
 from nbresponses.tokens.scripted import Script, ScriptedTokenSource
 
 EOS = 2
@@ -59,25 +59,33 @@ class GatedSource(ScriptedTokenSource):
         with self._lock:
             self.allowed += n
 
-    def generate(
-        self,
-        prompt_ids: Sequence[int],
-        params: SamplingParams,
-        stats: GenerationStats | None = None,
-    ) -> AsyncIterator[Step]:
-        inner = super().generate(prompt_ids, params, stats)
-        return self._gated(inner)
+    def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> _GatedStream:
+        return _GatedStream(self, super().generate(prompt_ids, params))
 
-    async def _gated(self, inner: AsyncIterator[Step]) -> AsyncIterator[Step]:
-        try:
-            async for step in inner:
-                if step.token_ids:
-                    while self.allowed <= self.produced:
-                        await asyncio.sleep(0.001)
-                    self.produced += 1
-                yield step
-        finally:
-            await inner.aclose()  # type: ignore[attr-defined]
+
+class _GatedStream:
+    """A scripted stream whose token steps wait for their source's permits."""
+
+    def __init__(self, source: GatedSource, inner: TokenStream) -> None:
+        self._source = source
+        self._inner = inner
+
+    def __aiter__(self) -> _GatedStream:
+        return self
+
+    async def __anext__(self) -> Step:
+        step = await anext(self._inner)
+        if step.token_ids:
+            while self._source.allowed <= self._source.produced:
+                await asyncio.sleep(0.001)
+            self._source.produced += 1
+        return step
+
+    def cancel(self) -> None:
+        self._inner.cancel()
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
 
 
 class ThreadedServer:

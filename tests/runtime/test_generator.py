@@ -20,7 +20,7 @@ from helpers.engine import (
 )
 
 from nbresponses.runtime.generator import TokenGenerator
-from nbresponses.tokens.contract import GenerationStats, SamplingParams, TokenSource
+from nbresponses.tokens.contract import SamplingParams, TokenSource
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0)
 
@@ -290,7 +290,7 @@ async def test_kv_budget_limits_the_batch_fifo(tiny_model, tokenizer, prompts, r
             await watcher
         assert [tokens(s) for s, _ in results] == references * 2
         assert max(seen) <= 2
-        starts = [stats.timings["queued_s"] + 0 for _, stats in results]
+        starts = [stats.queued_s + 0 for _, stats in results]
         admitted = [stats.first_token_time for _, stats in results]
         assert admitted == sorted(admitted)  # FIFO admission
         assert len(starts) == len(prompts) * 2
@@ -305,14 +305,14 @@ async def test_a_round_prefills_short_prompts_first(tiny_model, tokenizer, promp
     async with TokenGenerator(tiny_model, tokenizer=tokenizer, prefix_cache_bytes=0) as eng:
         busy = eng.generate(short, SamplingParams(max_tokens=64, temperature=0))
         await busy.__anext__()  # the worker is decoding: the next two wait together
-        stats = [GenerationStats(), GenerationStats()]
         with eng._scheduler._cond:  # both queued before the worker looks again
-            streams = [
-                eng.generate(p, GREEDY, s) for p, s in zip((long, short), stats, strict=True)
-            ]
-        for stream in (*streams, busy):
-            async for _ in stream:
-                pass
+            streams = [eng.generate(p, GREEDY) for p in (long, short)]
+        stats = []
+        for stream in streams:
+            steps = [s async for s in stream]
+            stats.append(steps[-1].stats)
+        async for _ in busy:
+            pass
     assert stats[1].first_token_time < stats[0].first_token_time
 
 

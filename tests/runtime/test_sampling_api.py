@@ -17,7 +17,7 @@ from helpers.engine import PROMPTS, chat_ids
 from nbresponses.engine import Engine
 from nbresponses.models.prepare import prepare_model
 from nbresponses.runtime.generator import TokenGenerator
-from nbresponses.tokens.contract import GenerationStats, SamplingParams
+from nbresponses.tokens.contract import SamplingParams
 
 LOGPROBS = ["message.output_text.logprobs"]
 
@@ -132,7 +132,7 @@ async def _generate(prepared, tokenizer, prompt, params, *, logits: bool = False
     """The steps of one request; with ``logits``, also the model's logits at each of its
     generated positions (an independent run of the model, for references)."""
     async with TokenGenerator(prepared, tokenizer=tokenizer) as engine:
-        steps = [s async for s in engine.generate(prompt, params, GenerationStats())]
+        steps = [s async for s in engine.generate(prompt, params)]
         if not logits:
             return steps
         generated = [t for s in steps for t in s.token_ids]

@@ -12,7 +12,7 @@ from helpers.engine import PROMPTS, chat_ids
 from nbresponses.models.prepare import prepare_model
 from nbresponses.runtime.generator import TokenGenerator
 from nbresponses.runtime.speculation import MAX_DRAFT, Drafter, expected_kept, step_width
-from nbresponses.tokens.contract import GenerationStats, SamplingParams
+from nbresponses.tokens.contract import SamplingParams
 
 
 def test_the_draft_is_what_followed_the_longest_earlier_match() -> None:
@@ -61,9 +61,8 @@ def tiny_fused(tiny_source: Path, cache_dir: Path):
 
 
 async def _steps(engine, prompt, params):
-    stats = GenerationStats()
-    steps = [step async for step in engine.generate(prompt, params, stats)]
-    return steps, stats
+    steps = [step async for step in engine.generate(prompt, params)]
+    return steps, steps[-1].stats
 
 
 class _Oracle(Drafter):
@@ -112,9 +111,9 @@ async def test_speculation_gives_plain_decoding_bits(tiny_fused, tokenizer, monk
         batched = await asyncio.gather(*(_steps(engine, p, params) for p in prompts))
         runs_batched = engine._scheduler.steps - runs_batched
     assert runs_batched < 63  # three rows, 63 decoded tokens each: drafts verified batched
-    assert all(stats.timings.get("accepted_draft_tokens", 0) > 0 for _, stats in batched)
-    kept = sum(stats.timings.get("accepted_draft_tokens", 0) for _, stats in drafted)
-    drafts = sum(stats.timings.get("draft_tokens", 0) for _, stats in drafted)
+    assert all(stats.accepted_draft_tokens > 0 for _, stats in batched)
+    kept = sum(stats.accepted_draft_tokens for _, stats in drafted)
+    drafts = sum(stats.draft_tokens for _, stats in drafted)
     assert 0 < kept < drafts  # kept and rejected drafts both happened
     assert runs < 3 * 63  # 64 tokens a request, the first from the prefill
     assert [steps for steps, _ in drafted] == plain
@@ -153,7 +152,7 @@ async def test_sampling_and_grammars_do_not_draft(tiny_fused, tokenizer) -> None
     params = SamplingParams(max_tokens=48, temperature=0.8, seed=3)
     async with TokenGenerator(tiny_fused, tokenizer=tokenizer, prefix_cache_bytes=0) as engine:
         _, stats = await _steps(engine, prompt, params)
-    assert "draft_tokens" not in stats.timings
+    assert stats.draft_tokens == 0
 
 
 class _EvenIds:
@@ -206,9 +205,9 @@ async def test_drafting_rows_leave_their_batch_mates_alone(
     assert together[1][0] == alone
     assert together[3][0] == alone_even
     assert all(t % 2 == 0 for s in alone_even for t in s.token_ids)
-    assert together[0][1].timings.get("accepted_draft_tokens", 0) > 0
-    assert "draft_tokens" not in together[1][1].timings
-    assert "draft_tokens" not in together[3][1].timings
+    assert together[0][1].accepted_draft_tokens > 0
+    assert together[1][1].draft_tokens == 0
+    assert together[3][1].draft_tokens == 0
 
 
 async def test_a_row_at_the_end_of_the_context_bounds_the_step(
