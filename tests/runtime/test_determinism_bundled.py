@@ -10,6 +10,7 @@ chain against the whole conversation sent cold.
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 from helpers.determinism import run_matrix
@@ -42,18 +43,23 @@ def bundled_analysis(cache_dir):
     return prepare_model(None, "analysis", cache_dir=cache_dir, progress=False)
 
 
-@pytest.fixture(params=["default", "analysis"])
-def recipe_model(request, bundled_model, bundled_analysis):
-    return bundled_model if request.param == "default" else bundled_analysis
+# Each case is ~2.5 min of CI's 2 cores. CI runs the diagonal (each recipe, each sampling
+# mode once); the tiny model's matrix crosses every recipe with both on every run, and
+# NBRESPONSES_FULL_MATRIX=1 crosses them here too.
+_CASES = [("default", "greedy"), ("analysis", "seeded")]
+if os.environ.get("NBRESPONSES_FULL_MATRIX") == "1":
+    _CASES += [("default", "seeded"), ("analysis", "greedy")]
 
 
-@pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
-async def test_matrix_on_the_bundled_model(recipe_model, params, tokenizer):
+@pytest.mark.parametrize(("recipe", "sampling"), _CASES, ids=["-".join(c) for c in _CASES])
+async def test_matrix_on_the_bundled_model(request, recipe, sampling, tokenizer):
+    model = request.getfixturevalue("bundled_model" if recipe == "default" else "bundled_analysis")
+    params = GREEDY if sampling == "greedy" else SEEDED
     targets = [chat_ids(tokenizer, QUESTIONS[0]), chat_ids(tokenizer, _document())]
     assert len(targets[1]) > 600, "the long prompt must span two prefill runs"
     mates = [chat_ids(tokenizer, q) for q in QUESTIONS[1:]]
     follow_up = chat_ids(tokenizer, "Thank you. Now say it in French.")[1:]
-    failures = await run_matrix(recipe_model, tokenizer, targets, mates, params, follow_up)
+    failures = await run_matrix(model, tokenizer, targets, mates, params, follow_up)
     assert not failures, "\n".join(failures)
 
 
