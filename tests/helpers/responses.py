@@ -26,6 +26,8 @@ WEATHER = {
         "additionalProperties": False,
     },
 }
+# A Hermes call to it, as SmolLM2's chat template asks the model to write one.
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>'
 
 
 EOS = 2
