@@ -31,6 +31,7 @@ CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n
 
 
 EOS = 2
+MODEL = "smollm2"
 
 
 def ids(tokenizer, text: str, eos: bool = True) -> list[int]:
@@ -43,7 +44,7 @@ def client_for(tokenizer, *scripts, **kw) -> tuple[AsyncResponsesClient, Scripte
         eos_token_ids=(EOS,),
         context_length=kw.pop("context_length", 8192),
     )
-    return AsyncResponsesClient(source, tokenizer, model="smollm2", **kw), source
+    return AsyncResponsesClient(source, tokenizer, model=MODEL, **kw), source
 
 
 async def stream_events(client, **kwargs) -> list:

@@ -16,7 +16,6 @@ from helpers.determinism import run_matrix
 from helpers.engine import chat_ids
 
 from nbresponses.models.fidelity_set import FIDELITY_SET
-from nbresponses.models.prepare import prepare_model
 from nbresponses.tokens.contract import SamplingParams
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -35,11 +34,6 @@ QUESTIONS = (
 def _document() -> str:
     texts = [m["content"] for s in FIDELITY_SET for m in s.messages if m["role"] == "assistant"]
     return "Summarise the following notes in three sentences.\n\n" + "\n\n".join(texts[:11])
-
-
-@pytest.fixture(scope="module")
-def bundled_analysis(cache_dir):
-    return prepare_model(None, "analysis", cache_dir=cache_dir, progress=False)
 
 
 @pytest.fixture(params=["default", "analysis"])

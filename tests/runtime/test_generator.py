@@ -32,23 +32,11 @@ def torch_tiny(tiny_source):
     return AutoModelForCausalLM.from_pretrained(str(tiny_source)).eval()
 
 
-@pytest.fixture(scope="module")
-def prompts(tokenizer):
-    return [chat_ids(tokenizer, text) for text in PROMPTS]
-
-
 @pytest.fixture
 async def engine(tiny_model, tokenizer):
     eng = TokenGenerator(tiny_model, tokenizer=tokenizer)
     yield eng
     await eng.aclose()
-
-
-@pytest.fixture(scope="module")
-def tiny_fused_fp32(tiny_source, cache_dir):
-    from nbresponses.models.prepare import prepare_model
-
-    return prepare_model(tiny_source, "fused-fp32", cache_dir=cache_dir, progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -424,12 +412,12 @@ def _subnormals_survive() -> bool:
     return bool((tiny * np.float32(1.0))[0] != 0) and bool(np.float64(5e-324) * 2.0 != 0)
 
 
-def test_the_callers_float_state_is_untouched(tiny_fused_fp32, tokenizer, prompts):
+def test_the_callers_float_state_is_untouched(tiny_fused, tokenizer, prompts):
     """Loading and running the engine leaves the caller's float state alone (ONNX Runtime's
     denormals-as-zero option would set flush-to-zero on the thread that makes the session: the
     user's notebook)."""
     assert _subnormals_survive()
-    eng = TokenGenerator(tiny_fused_fp32, tokenizer=tokenizer)
+    eng = TokenGenerator(tiny_fused, tokenizer=tokenizer)
     try:
         asyncio.run(run_all(eng, prompts[:2], GREEDY))
     finally:

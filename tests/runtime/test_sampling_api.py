@@ -15,17 +15,10 @@ import pytest
 from helpers.engine import PROMPTS, chat_ids
 
 from nbresponses.engine import Engine
-from nbresponses.models.prepare import prepare_model
 from nbresponses.runtime.generator import TokenGenerator
 from nbresponses.tokens.contract import GenerationStats, SamplingParams
 
 LOGPROBS = ["message.output_text.logprobs"]
-
-
-@pytest.fixture(scope="module")
-def tiny_fused(tiny_source, cache_dir):
-    """The tiny model in the fused graph (fp32): batched rows, end-padded KV."""
-    return prepare_model(tiny_source, "fused-fp32", cache_dir=cache_dir, progress=False)
 
 
 def _engine(prepared, tokenizer, **options) -> Engine:

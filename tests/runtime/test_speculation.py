@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import ClassVar
 
 import pytest
 from helpers.engine import PROMPTS, chat_ids
 
-from nbresponses.models.prepare import prepare_model
 from nbresponses.runtime.generator import TokenGenerator
 from nbresponses.runtime.speculation import MAX_DRAFT, Drafter, expected_kept, step_width
 from nbresponses.tokens.contract import GenerationStats, SamplingParams
@@ -53,11 +51,6 @@ def test_the_step_width_pays_for_the_tokens_it_feeds() -> None:
     # a short draft bounds the width; a middling acceptance stops it early
     assert step_width([(2, 0.99)], rows=1) == 3
     assert 1 < step_width([(8, 0.6)] * 4, rows=4) < 9
-
-
-@pytest.fixture(scope="module")
-def tiny_fused(tiny_source: Path, cache_dir: Path):
-    return prepare_model(tiny_source, "fused-fp32", cache_dir=cache_dir, progress=False)
 
 
 async def _steps(engine, prompt, params):
