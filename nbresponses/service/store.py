@@ -16,6 +16,7 @@ memory (evicted, or from before a restart, or from another process) is read from
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +52,10 @@ class ResponseStore:
 
     def __contains__(self, response_id: object) -> bool:
         return response_id in self._records
+
+    def __iter__(self) -> Iterator[str]:
+        """The ids held in memory, least recently used first (a copy: deleting is fine)."""
+        return iter(list(self._records))
 
     @property
     def bytes(self) -> int:

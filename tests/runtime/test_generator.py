@@ -272,16 +272,30 @@ async def test_kv_budget_limits_the_batch_fifo(tiny_model, tokenizer, prompts, r
                 await asyncio.sleep(0)
 
         watcher = asyncio.create_task(watch())
-        results = await asyncio.gather(*(collect(eng, p, GREEDY) for p in prompts * 2))
+        stats = [GenerationStats() for _ in range(6)]
+        before = time.perf_counter()
+        with eng.together(6):  # queued at once, made within ``spread`` seconds of each other
+            streams = [eng.generate(p, GREEDY, s) for p, s in zip(prompts * 2, stats, strict=True)]
+        spread = time.perf_counter() - before
+
+        async def read(stream):
+            return [step async for step in stream]
+
+        results = await asyncio.gather(*(read(stream) for stream in streams))
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
-        assert [tokens(s) for s, _ in results] == references * 2
+        assert [tokens(steps) for steps in results] == references * 2
         assert max(seen) <= 2
-        starts = [stats.timings["queued_s"] + 0 for _, stats in results]
-        admitted = [stats.first_token_time for _, stats in results]
+        admitted = [s.first_token_time for s in stats]
         assert admitted == sorted(admitted)  # FIFO admission
-        assert len(starts) == len(prompts) * 2
+        # From the worker's own times (seconds since each request came): when each request's
+        # prefill began, no more than one earlier request was surely still running.
+        for i, late in enumerate(stats):
+            running = [
+                s for s in stats[:i] if s.timings["total_s"] > late.timings["queued_s"] + spread
+            ]
+            assert len(running) <= 1, (i, spread, [s.timings for s in stats])
 
 
 async def test_a_round_prefills_short_prompts_first(tiny_model, tokenizer, prompts):
@@ -294,7 +308,7 @@ async def test_a_round_prefills_short_prompts_first(tiny_model, tokenizer, promp
         busy = eng.generate(short, SamplingParams(max_tokens=64, temperature=0))
         await busy.__anext__()  # the worker is decoding: the next two wait together
         stats = [GenerationStats(), GenerationStats()]
-        with eng._scheduler._cond:  # both queued before the worker looks again
+        with eng.together(2):  # both queued before the worker looks again
             streams = [
                 eng.generate(p, GREEDY, s) for p, s in zip((long, short), stats, strict=True)
             ]
@@ -425,16 +439,29 @@ def test_the_callers_float_state_is_untouched(tiny_fused, tokenizer, prompts):
     assert _subnormals_survive()
 
 
-async def test_ignore_eos_generates_past_the_end_of_sequence(engine, prompts):
+class _EndsAt:
+    """A tokenizer whose end-of-sequence token is ``eos``: as if the model ended there."""
+
+    def __init__(self, tokenizer, eos: int) -> None:
+        self.tokenizer, self.eos_token_id = tokenizer, eos
+
+    def __getattr__(self, name: str):
+        return getattr(self.tokenizer, name)
+
+
+async def test_ignore_eos_generates_past_the_end_of_sequence(
+    engine, tiny_model, tokenizer, prompts
+):
     """A fixed-length answer: the model's eos ends nothing, stop_token_ids still stop."""
     answer = tokens((await collect(engine, prompts[0], GREEDY))[0])
     eos = answer[5]
-    engine._scheduler.stop_ids = frozenset({eos})  # as if the model's eos were this token
-    stopped, _ = await collect(engine, prompts[0], GREEDY)
-    assert tokens(stopped) == answer[: answer.index(eos) + 1]
-    assert stopped[-1].finish_reason == "stop"
-    ignoring = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
-    full, _ = await collect(engine, prompts[0], ignoring)
-    assert tokens(full) == answer and full[-1].finish_reason == "length"
-    stop = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, stop_token_ids=(eos,))
-    assert tokens((await collect(engine, prompts[0], stop))[0]) == tokens(stopped)
+    async with TokenGenerator(tiny_model, tokenizer=_EndsAt(tokenizer, eos)) as engine:
+        assert eos in engine.eos_token_ids
+        stopped, _ = await collect(engine, prompts[0], GREEDY)
+        assert tokens(stopped) == answer[: answer.index(eos) + 1]
+        assert stopped[-1].finish_reason == "stop"
+        ignoring = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+        full, _ = await collect(engine, prompts[0], ignoring)
+        assert tokens(full) == answer and full[-1].finish_reason == "length"
+        stop = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, stop_token_ids=(eos,))
+        assert tokens((await collect(engine, prompts[0], stop))[0]) == tokens(stopped)

@@ -233,7 +233,7 @@ async def test_store_counts_what_a_chain_holds(tokenizer):
     finally:
         tracemalloc.stop()
     assert 0.75 < held / client.store.bytes < 1.25
-    for record_id in list(client.store._records):
+    for record_id in client.store:
         await client.responses.delete(record_id)
     assert client.store.bytes == 0 and len(client.store) == 0
 
