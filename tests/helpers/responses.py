@@ -26,7 +26,19 @@ WEATHER = {
         "additionalProperties": False,
     },
 }
-# A Hermes call to it, as SmolLM2's chat template asks the model to write one.
+# A second tool (its city bounded: a small model may ramble) ...
+TIME = {
+    "type": "function",
+    "name": "get_time",
+    "description": "The local time in a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 40}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+}
+# ... and a Hermes call to the first, as SmolLM2's chat template asks the model to write one.
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>'
 
 

@@ -10,6 +10,7 @@ import pytest
 from helpers.responses import (
     CALL,
     EOS,
+    TIME,
     WEATHER,
     check_stream,
     client_for,
@@ -69,17 +70,6 @@ async def test_a_call_the_tools_do_not_allow_cannot_come_out(tokenizer, chat, ba
 # -- the rules per tool_choice, each in milliseconds on one family ----------------------------
 # (tests/grammar/test_structured_bundled.py checks the same cases on the real model)
 
-TIME = {
-    "type": "function",
-    "name": "get_time",
-    "description": "The local time in a city.",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-        "additionalProperties": False,
-    },
-}
 NAMED = {"type": "function", "name": "get_time"}
 
 
