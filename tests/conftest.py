@@ -65,6 +65,34 @@ def tiny_model(tiny_source: Path, cache_dir: Path):
 
 
 @pytest.fixture(scope="session")
+def tiny_fused(tiny_source: Path, cache_dir: Path):
+    """The tiny model in the fused graph, fp32 (``fused-fp32``): batched rows on end-padded KV,
+    exact multi-token steps (speculation), the lens."""
+    from nbresponses.models.prepare import prepare_model
+
+    return prepare_model(tiny_source, "fused-fp32", cache_dir=cache_dir, progress=False)
+
+
+@pytest.fixture
+async def fused_engine(tiny_fused, tokenizer):
+    """An ``Engine`` on ``tiny_fused``, its store in memory: the scoring and server tests'."""
+    from nbresponses.engine import Engine
+    from nbresponses.runtime.generator import TokenGenerator
+
+    engine = Engine(TokenGenerator(tiny_fused, tokenizer=tokenizer), store_path="memory")
+    yield engine
+    await engine.aclose()
+
+
+@pytest.fixture(scope="session")
+def prompts(tokenizer) -> list[list[int]]:
+    """``helpers.engine.PROMPTS`` as chat prompts of the bundled tokenizer's template."""
+    from helpers.engine import PROMPTS, chat_ids
+
+    return [chat_ids(tokenizer, text) for text in PROMPTS]
+
+
+@pytest.fixture(scope="session")
 def bundled_model(cache_dir: Path):
     """The real bundled SmolLM2-135M-Instruct, prepared with the default recipe (cached)."""
     from nbresponses.models.prepare import prepare_model
@@ -77,6 +105,14 @@ def bundled_fp32(cache_dir: Path):
     from nbresponses.models.prepare import prepare_model
 
     return prepare_model(None, "fp32", cache_dir=cache_dir, progress=False)
+
+
+@pytest.fixture(scope="session")
+def bundled_analysis(cache_dir: Path):
+    """The bundled model with the analysis recipe (fp32 weights in the fused graph)."""
+    from nbresponses.models.prepare import prepare_model
+
+    return prepare_model(None, "analysis", cache_dir=cache_dir, progress=False)
 
 
 @pytest.fixture(scope="session")

@@ -13,9 +13,6 @@ from pathlib import Path
 import pytest
 from helpers.server import ThreadedServer
 
-from nbresponses.engine import Engine
-from nbresponses.runtime.generator import TokenGenerator
-
 lm_eval = pytest.importorskip("lm_eval")
 pytestmark = pytest.mark.timeout(600)
 
@@ -66,20 +63,6 @@ def write_tasks(folder: Path) -> None:
     )
 
 
-@pytest.fixture(scope="module")
-def tiny_fused_fp32(tiny_source, cache_dir):
-    from nbresponses.models.prepare import prepare_model
-
-    return prepare_model(tiny_source, "fused-fp32", cache_dir=cache_dir, progress=False)
-
-
-@pytest.fixture
-async def engine(tiny_fused_fp32, tokenizer):
-    eng = Engine(TokenGenerator(tiny_fused_fp32, tokenizer=tokenizer), store_path="memory")
-    yield eng
-    await eng.aclose()
-
-
 def evaluate(lm, folder: Path, batch_size: int, **model_args) -> dict:
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
@@ -109,20 +92,20 @@ def metrics(results: dict) -> dict:
     return {task: results["results"][task] for task in TASKS}
 
 
-async def test_local_completions_and_the_engine_model_agree(engine, tokenizer_dir, tmp_path):
+async def test_local_completions_and_the_engine_model_agree(fused_engine, tokenizer_dir, tmp_path):
     from nbresponses.harness import EngineLM
 
     logging.getLogger("lm-eval").setLevel(logging.WARNING)
     write_tasks(tmp_path)
     runs = {}
-    with ThreadedServer(engine.client()) as server:
+    with ThreadedServer(fused_engine.client()) as server:
         for batch_size in (1, 8):
             runs["server", batch_size] = await asyncio.to_thread(
                 evaluate,
                 "local-completions",
                 tmp_path,
                 batch_size,
-                model=engine.model,
+                model=fused_engine.model,
                 base_url=f"{server.base_url}/completions",
                 tokenizer_backend="huggingface",
                 tokenizer=str(tokenizer_dir),
@@ -130,7 +113,7 @@ async def test_local_completions_and_the_engine_model_agree(engine, tokenizer_di
                 max_retries=1,
             )
     for batch_size in (1, 8):
-        model = EngineLM(engine, batch_size=batch_size)
+        model = EngineLM(fused_engine, batch_size=batch_size)
         try:
             runs["kernel", batch_size] = await asyncio.to_thread(
                 evaluate, model, tmp_path, batch_size

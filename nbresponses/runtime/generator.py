@@ -365,6 +365,19 @@ class TokenGenerator:
     def decode_steps(self) -> int:
         return self._scheduler.steps
 
+    @property
+    def speculation(self) -> bool:
+        """Whether decode steps verify drafted tokens (``runtime/speculation.py``): on by default
+        for graphs with exact multi-token steps, unavailable on others. Drafts change the
+        speed only, never a token or a logprob, so off is for comparing speeds (and tests)."""
+        return self._scheduler.speculation
+
+    @speculation.setter
+    def speculation(self, on: bool) -> None:
+        if on and not self.runner.exact_steps:
+            raise ValueError(f"{self.prepared.recipe!r} graphs have no exact multi-token steps")
+        self._scheduler.speculation = on
+
     def stats(self) -> dict[str, Any]:
         """Load and memory now: rows, the decoding KV and the prefix cache (``TokenSource``).
 

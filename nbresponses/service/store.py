@@ -20,6 +20,7 @@ importing it; once its database is closed it answers from memory only.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,6 +92,10 @@ class ResponseStore:
 
     def __contains__(self, response_id: object) -> bool:
         return response_id in self._records
+
+    def __iter__(self) -> Iterator[str]:
+        """The ids held in memory, least recently used first (a copy: deleting is fine)."""
+        return iter(list(self._records))
 
     @property
     def bytes(self) -> int:

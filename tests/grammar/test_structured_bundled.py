@@ -12,6 +12,7 @@ import random
 
 import jsonschema
 import pytest
+from helpers.responses import TIME
 from pydantic import BaseModel
 
 from nbresponses.engine import Engine
@@ -33,17 +34,6 @@ WEATHER = {
         "additionalProperties": False,
     },
     "strict": True,
-}
-TIME = {
-    "type": "function",
-    "name": "get_time",
-    "description": "The local time in a city.",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string", "maxLength": 40}},
-        "required": ["city"],
-        "additionalProperties": False,
-    },
 }
 
 

@@ -26,9 +26,24 @@ WEATHER = {
         "additionalProperties": False,
     },
 }
+# A second tool (its city bounded: a small model may ramble) ...
+TIME = {
+    "type": "function",
+    "name": "get_time",
+    "description": "The local time in a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 40}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+}
+# ... and a Hermes call to the first, as SmolLM2's chat template asks the model to write one.
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>'
 
 
 EOS = 2
+MODEL = "smollm2"
 
 
 def ids(tokenizer, text: str, eos: bool = True) -> list[int]:
@@ -41,7 +56,7 @@ def client_for(tokenizer, *scripts, **kw) -> tuple[AsyncResponsesClient, Scripte
         eos_token_ids=(EOS,),
         context_length=kw.pop("context_length", 8192),
     )
-    return AsyncResponsesClient(source, tokenizer, model="smollm2", **kw), source
+    return AsyncResponsesClient(source, tokenizer, model=MODEL, **kw), source
 
 
 async def stream_events(client, **kwargs) -> list:

@@ -13,18 +13,12 @@ from typing import Any
 import httpx2
 import openai
 
+from helpers.responses import client_for, ids
 from nbresponses.server.inprocess import InProcessServer
 from nbresponses.server.serve import make_server
 from nbresponses.service.client import AsyncResponsesClient
 from nbresponses.tokens.contract import SamplingParams, Step, TokenStream
 from nbresponses.tokens.scripted import Script, ScriptedTokenSource
-
-EOS = 2
-MODEL = "smollm2"
-
-
-def ids(tokenizer: Any, text: str) -> list[int]:
-    return [*tokenizer.encode(text), EOS]
 
 
 def tool_call(name: str, arguments: dict[str, Any]) -> str:
@@ -35,11 +29,11 @@ def tool_call(name: str, arguments: dict[str, Any]) -> str:
 def scripted(
     tokenizer: Any, *scripts: str | Script, delay: float = 0.0
 ) -> tuple[AsyncResponsesClient, ScriptedTokenSource]:
-    source = ScriptedTokenSource(
-        [s if isinstance(s, Script) else Script(ids(tokenizer, s), delay=delay) for s in scripts],
-        eos_token_ids=(EOS,),
+    """``client_for`` with ``delay`` seconds before each token of the text scripts."""
+    return client_for(
+        tokenizer,
+        *(s if isinstance(s, Script) else Script(ids(tokenizer, s), delay=delay) for s in scripts),
     )
-    return AsyncResponsesClient(source, tokenizer, model=MODEL), source
 
 
 class GatedSource(ScriptedTokenSource):

@@ -32,11 +32,6 @@ def _conversation_ids(tokenizer) -> list[int]:
     return list(tokenizer.apply_chat_template(FIDELITY_CONVERSATION[:2], tokenize=True))
 
 
-@pytest.fixture(scope="module")
-def tiny_fused(tiny_source: Path, cache_dir: Path):
-    return prepare_model(tiny_source, "fused-fp32", cache_dir=cache_dir, progress=False)
-
-
 def test_io_names_of_the_optimum_export(tiny_fused, tiny_model) -> None:
     """The Optimum export's names and meaning, without the mask (the positions say where each
     token goes) and with ``num_logits_to_keep``; each present is its past buffer, written in

@@ -16,7 +16,7 @@ from collections import Counter
 import numpy as np
 import onnx
 import pytest
-from helpers.engine import PROMPTS, chat_ids, collect
+from helpers.engine import collect
 from helpers.tiny_archs import (
     ARCHITECTURES,
     SLIDING_WINDOW,
@@ -53,11 +53,6 @@ def _session(model: onnx.ModelProto):
 @functools.cache
 def _torch_model(name: str, vocab_size: int, special: tuple[tuple[str, int], ...]):
     return build_tiny_model(name, vocab_size, special_ids=dict(special))
-
-
-@pytest.fixture(scope="module")
-def prompts(tokenizer) -> list[list[int]]:
-    return [chat_ids(tokenizer, text) for text in PROMPTS]
 
 
 @pytest.fixture(scope="module", params=NAMES)

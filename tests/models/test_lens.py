@@ -10,13 +10,7 @@ from helpers.tiny_archs import ARCHITECTURES, build_tiny_model, prepare_tiny
 
 from nbresponses.models.fused import build_fused_model
 from nbresponses.models.lens import LENS_FILE, TOP_K, LensUnsupported, build_lens_graph
-from nbresponses.models.prepare import prepare_model
 from nbresponses.runtime.lens import LogitLens
-
-
-@pytest.fixture(scope="module")
-def tiny_fused(tiny_source, cache_dir):
-    return prepare_model(tiny_source, "fused-fp32", cache_dir=cache_dir, progress=False)
 
 
 def _torch_lens(model, ids: list[int]) -> np.ndarray:

@@ -16,7 +16,6 @@ import onnx
 import pytest
 from helpers.paths import ROOT
 
-from nbresponses.cli import main as cli_main
 from nbresponses.models.cache import list_models
 from nbresponses.models.errors import ModelSourceError, RecipeError
 from nbresponses.models.fidelity import compare_logits, log_softmax
@@ -281,36 +280,6 @@ def test_killed_prepare_leaves_nothing_half_written(tiny_source: Path, tmp_path:
     prepared = prepare_model(tiny_source, "q4", cache_dir=tmp_path, progress=False)
     assert prepared.recipe == "q4"
     assert not list((tmp_path / "tmp").iterdir()), "the next prepare cleans the leftovers"
-
-
-# --- CLI -------------------------------------------------------------------------------------
-
-
-def test_cli_prepare_and_models(tiny_source: Path, cache_dir, capsys) -> None:
-    assert (
-        cli_main(
-            ["--cache-dir", str(cache_dir), "prepare", str(tiny_source), "-q", "fp32", "--quiet"]
-        )
-        == 0
-    )
-    out = capsys.readouterr().out
-    assert "top-1 100.0% (95% CI" in out and "recipe    fp32" in out
-    assert cli_main(["--cache-dir", str(cache_dir), "models"]) == 0
-    assert "tiny-llama-src" in capsys.readouterr().out
-    assert cli_main(["prepare", "does-not-exist"]) == 2
-    assert "Accepted" in capsys.readouterr().err
-
-
-def test_cli_help_lists_recipes() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "nbresponses", "prepare", "--help"],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    ).stdout
-    for name in RECIPES:
-        assert name in out
 
 
 # --- the real bundled model ---------------------------------------------------------------

@@ -6,7 +6,7 @@ import asyncio
 
 import numpy as np
 import pytest
-from helpers.engine import PROMPTS, chat_ids, collect, run_all, tokens, torch_greedy, torch_logprobs
+from helpers.engine import collect, run_all, tokens, torch_greedy, torch_logprobs
 
 from nbresponses.runtime.generator import TokenGenerator
 from nbresponses.tokens.contract import SamplingParams
@@ -24,11 +24,6 @@ def torch_model():
 
     gguf = bundled_gguf_path()
     return AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name).eval()
-
-
-@pytest.fixture(scope="module")
-def prompts(tokenizer):
-    return [chat_ids(tokenizer, text) for text in PROMPTS]
 
 
 async def test_fp32_greedy_and_logprobs_match_pytorch(bundled_fp32, torch_model, prompts):
@@ -76,13 +71,6 @@ async def test_default_recipe_batched_equals_alone(bundled_model, prompts):
     )
     assert batched == alone * 2
     assert staggered == alone
-
-
-@pytest.fixture(scope="module")
-def bundled_analysis(cache_dir):
-    from nbresponses.models.prepare import prepare_model
-
-    return prepare_model(None, "analysis", cache_dir=cache_dir, progress=False)
 
 
 @pytest.mark.parametrize("method", ["decode", "prefill"])

@@ -17,7 +17,6 @@ from helpers.determinism import run_matrix
 from helpers.engine import chat_ids
 
 from nbresponses.models.fidelity_set import FIDELITY_SET
-from nbresponses.models.prepare import prepare_model
 from nbresponses.tokens.contract import SamplingParams
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -36,11 +35,6 @@ QUESTIONS = (
 def _document() -> str:
     texts = [m["content"] for s in FIDELITY_SET for m in s.messages if m["role"] == "assistant"]
     return "Summarise the following notes in three sentences.\n\n" + "\n\n".join(texts[:11])
-
-
-@pytest.fixture(scope="module")
-def bundled_analysis(cache_dir):
-    return prepare_model(None, "analysis", cache_dir=cache_dir, progress=False)
 
 
 # Each case is ~2.5 min of CI's 2 cores. CI runs the diagonal (each recipe, each sampling

@@ -32,23 +32,11 @@ def torch_tiny(tiny_source):
     return AutoModelForCausalLM.from_pretrained(str(tiny_source)).eval()
 
 
-@pytest.fixture(scope="module")
-def prompts(tokenizer):
-    return [chat_ids(tokenizer, text) for text in PROMPTS]
-
-
 @pytest.fixture
 async def engine(tiny_model, tokenizer):
     eng = TokenGenerator(tiny_model, tokenizer=tokenizer)
     yield eng
     await eng.aclose()
-
-
-@pytest.fixture(scope="module")
-def tiny_fused_fp32(tiny_source, cache_dir):
-    from nbresponses.models.prepare import prepare_model
-
-    return prepare_model(tiny_source, "fused-fp32", cache_dir=cache_dir, progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -284,16 +272,29 @@ async def test_kv_budget_limits_the_batch_fifo(tiny_model, tokenizer, prompts, r
                 await asyncio.sleep(0)
 
         watcher = asyncio.create_task(watch())
-        results = await asyncio.gather(*(collect(eng, p, GREEDY) for p in prompts * 2))
+        before = time.perf_counter()
+        with eng.together(6):  # queued at once, made within ``spread`` seconds of each other
+            streams = [eng.generate(p, GREEDY) for p in prompts * 2]
+        spread = time.perf_counter() - before
+
+        async def read(stream):
+            return [step async for step in stream]
+
+        results = await asyncio.gather(*(read(stream) for stream in streams))
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
-        assert [tokens(s) for s, _ in results] == references * 2
+        assert [tokens(steps) for steps in results] == references * 2
         assert max(seen) <= 2
-        starts = [stats.queued_s + 0 for _, stats in results]
-        admitted = [stats.first_token_time for _, stats in results]
+        stats = [steps[-1].stats for steps in results]
+        assert all(s is not None for s in stats)
+        admitted = [s.first_token_time for s in stats]
         assert admitted == sorted(admitted)  # FIFO admission
-        assert len(starts) == len(prompts) * 2
+        # From the worker's own times (seconds since each request came): when each request's
+        # prefill began, no more than one earlier request was surely still running.
+        for i, late in enumerate(stats):
+            running = [s for s in stats[:i] if s.total_s > late.queued_s + spread]
+            assert len(running) <= 1, (i, spread, stats)
 
 
 async def test_a_round_prefills_short_prompts_first(tiny_model, tokenizer, prompts):
@@ -305,7 +306,7 @@ async def test_a_round_prefills_short_prompts_first(tiny_model, tokenizer, promp
     async with TokenGenerator(tiny_model, tokenizer=tokenizer, prefix_cache_bytes=0) as eng:
         busy = eng.generate(short, SamplingParams(max_tokens=64, temperature=0))
         await busy.__anext__()  # the worker is decoding: the next two wait together
-        with eng._scheduler._cond:  # both queued before the worker looks again
+        with eng.together(2):  # both queued before the worker looks again
             streams = [eng.generate(p, GREEDY) for p in (long, short)]
         stats = []
         for stream in streams:
@@ -424,12 +425,12 @@ def _subnormals_survive() -> bool:
     return bool((tiny * np.float32(1.0))[0] != 0) and bool(np.float64(5e-324) * 2.0 != 0)
 
 
-def test_the_callers_float_state_is_untouched(tiny_fused_fp32, tokenizer, prompts):
+def test_the_callers_float_state_is_untouched(tiny_fused, tokenizer, prompts):
     """Loading and running the engine leaves the caller's float state alone (ONNX Runtime's
     denormals-as-zero option would set flush-to-zero on the thread that makes the session: the
     user's notebook)."""
     assert _subnormals_survive()
-    eng = TokenGenerator(tiny_fused_fp32, tokenizer=tokenizer)
+    eng = TokenGenerator(tiny_fused, tokenizer=tokenizer)
     try:
         asyncio.run(run_all(eng, prompts[:2], GREEDY))
     finally:
@@ -437,16 +438,29 @@ def test_the_callers_float_state_is_untouched(tiny_fused_fp32, tokenizer, prompt
     assert _subnormals_survive()
 
 
-async def test_ignore_eos_generates_past_the_end_of_sequence(engine, prompts):
+class _EndsAt:
+    """A tokenizer whose end-of-sequence token is ``eos``: as if the model ended there."""
+
+    def __init__(self, tokenizer, eos: int) -> None:
+        self.tokenizer, self.eos_token_id = tokenizer, eos
+
+    def __getattr__(self, name: str):
+        return getattr(self.tokenizer, name)
+
+
+async def test_ignore_eos_generates_past_the_end_of_sequence(
+    engine, tiny_model, tokenizer, prompts
+):
     """A fixed-length answer: the model's eos ends nothing, stop_token_ids still stop."""
     answer = tokens((await collect(engine, prompts[0], GREEDY))[0])
     eos = answer[5]
-    engine._scheduler.stop_ids = frozenset({eos})  # as if the model's eos were this token
-    stopped, _ = await collect(engine, prompts[0], GREEDY)
-    assert tokens(stopped) == answer[: answer.index(eos) + 1]
-    assert stopped[-1].finish_reason == "stop"
-    ignoring = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
-    full, _ = await collect(engine, prompts[0], ignoring)
-    assert tokens(full) == answer and full[-1].finish_reason == "length"
-    stop = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, stop_token_ids=(eos,))
-    assert tokens((await collect(engine, prompts[0], stop))[0]) == tokens(stopped)
+    async with TokenGenerator(tiny_model, tokenizer=_EndsAt(tokenizer, eos)) as engine:
+        assert eos in engine.eos_token_ids
+        stopped, _ = await collect(engine, prompts[0], GREEDY)
+        assert tokens(stopped) == answer[: answer.index(eos) + 1]
+        assert stopped[-1].finish_reason == "stop"
+        ignoring = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+        full, _ = await collect(engine, prompts[0], ignoring)
+        assert tokens(full) == answer and full[-1].finish_reason == "length"
+        stop = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, stop_token_ids=(eos,))
+        assert tokens((await collect(engine, prompts[0], stop))[0]) == tokens(stopped)

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import ClassVar
 
 import pytest
 from helpers.engine import PROMPTS, chat_ids
 
-from nbresponses.models.prepare import prepare_model
 from nbresponses.runtime.generator import TokenGenerator
 from nbresponses.runtime.speculation import MAX_DRAFT, Drafter, expected_kept, step_width
 from nbresponses.tokens.contract import SamplingParams
@@ -55,11 +53,6 @@ def test_the_step_width_pays_for_the_tokens_it_feeds() -> None:
     assert 1 < step_width([(8, 0.6)] * 4, rows=4) < 9
 
 
-@pytest.fixture(scope="module")
-def tiny_fused(tiny_source: Path, cache_dir: Path):
-    return prepare_model(tiny_source, "fused-fp32", cache_dir=cache_dir, progress=False)
-
-
 async def _steps(engine, prompt, params):
     steps = [step async for step in engine.generate(prompt, params)]
     return steps, steps[-1].stats
@@ -75,15 +68,30 @@ class _Oracle(Drafter):
     def __init__(self, prompt) -> None:
         super().__init__(prompt)
         self.answer = self.answers[tuple(prompt)]
+        self.prompt_length = len(prompt)
         self.calls = 0
 
     def propose(self, limit: int) -> list[int]:
         self.calls += 1
-        done = len(self.tokens) - self._prompt_length
+        done = len(self.tokens) - self.prompt_length
         draft = self.answer[done : done + min(limit, 5)]
         if self.calls % 3 == 0 and len(draft) > 1:
             draft[1:] = [(t + 1) % 1000 for t in draft[1:]]
         return draft
+
+
+async def test_speculation_is_on_where_steps_are_exact_and_only_there(
+    tiny_fused, tiny_model, tokenizer
+) -> None:
+    async with TokenGenerator(tiny_fused, tokenizer=tokenizer) as engine:
+        assert engine.speculation
+        engine.speculation = False
+        assert not engine.speculation
+    async with TokenGenerator(tiny_model, tokenizer=tokenizer) as engine:  # the Optimum graph
+        assert not engine.speculation
+        with pytest.raises(ValueError, match="no exact multi-token steps"):
+            engine.speculation = True
+        engine.speculation = False  # off stays possible
 
 
 async def test_speculation_gives_plain_decoding_bits(tiny_fused, tokenizer, monkeypatch) -> None:
@@ -96,20 +104,20 @@ async def test_speculation_gives_plain_decoding_bits(tiny_fused, tokenizer, monk
     prompts = [chat_ids(tokenizer, text) for text in PROMPTS[:3]]
     async with TokenGenerator(tiny_fused, tokenizer=tokenizer, prefix_cache_bytes=0) as engine:
         assert engine.runner.exact_steps
-        engine._scheduler.speculation = False
+        engine.speculation = False
         plain = [(await _steps(engine, p, params))[0] for p in prompts]
         _Oracle.answers = {
             tuple(p): [t for s in steps for t in s.token_ids]
             for p, steps in zip(prompts, plain, strict=True)
         }
         monkeypatch.setattr(scheduler, "Drafter", _Oracle)
-        engine._scheduler.speculation = True
-        runs = engine._scheduler.steps
+        engine.speculation = True
+        runs = engine.decode_steps
         drafted = [await _steps(engine, p, params) for p in prompts]
-        runs = engine._scheduler.steps - runs
-        runs_batched = engine._scheduler.steps
+        runs = engine.decode_steps - runs
+        runs_batched = engine.decode_steps
         batched = await asyncio.gather(*(_steps(engine, p, params) for p in prompts))
-        runs_batched = engine._scheduler.steps - runs_batched
+        runs_batched = engine.decode_steps - runs_batched
     assert runs_batched < 63  # three rows, 63 decoded tokens each: drafts verified batched
     assert all(stats.accepted_draft_tokens > 0 for _, stats in batched)
     kept = sum(stats.accepted_draft_tokens for _, stats in drafted)
@@ -129,12 +137,12 @@ async def test_a_stop_inside_a_kept_draft_ends_the_answer_there(
 
     prompt = chat_ids(tokenizer, PROMPTS[0])
     async with TokenGenerator(tiny_fused, tokenizer=tokenizer, prefix_cache_bytes=0) as engine:
-        engine._scheduler.speculation = False
+        engine.speculation = False
         full, _ = await _steps(engine, prompt, SamplingParams(max_tokens=64, temperature=0))
         answer = [t for s in full for t in s.token_ids]
         _Oracle.answers = {tuple(prompt): answer}
         monkeypatch.setattr(scheduler, "Drafter", _Oracle)
-        engine._scheduler.speculation = True
+        engine.speculation = True
         for n in (1, 2, 7, 33):
             short, _ = await _steps(engine, prompt, SamplingParams(max_tokens=n, temperature=0))
             assert [t for s in short for t in s.token_ids] == answer[:n]
@@ -185,7 +193,7 @@ async def test_drafting_rows_leave_their_batch_mates_alone(
         even = SamplingParams(
             max_tokens=40, temperature=0, logprobs=True, constraint=lambda: _EvenIds(vocab)
         )
-        engine._scheduler.speculation = False
+        engine.speculation = False
         plain = [(await _steps(engine, p, greedy))[0] for p in prompts[:2]]
         alone, _ = await _steps(engine, prompts[2], sampled)
         alone_even, _ = await _steps(engine, prompts[2], even)
@@ -194,7 +202,7 @@ async def test_drafting_rows_leave_their_batch_mates_alone(
             for p, steps in zip(prompts, plain, strict=False)
         }
         monkeypatch.setattr(scheduler, "Drafter", _Oracle)
-        engine._scheduler.speculation = True
+        engine.speculation = True
         together = await asyncio.gather(
             _steps(engine, prompts[0], greedy),
             _steps(engine, prompts[2], sampled),
@@ -222,14 +230,14 @@ async def test_a_row_at_the_end_of_the_context_bounds_the_step(
     long = chat_ids(tokenizer, " ".join([PROMPTS[1]] * 60))
     async with TokenGenerator(tiny_fused, tokenizer=tokenizer, prefix_cache_bytes=0) as engine:
         long = long[: engine.context_length - 24]  # 24 tokens of room left
-        engine._scheduler.speculation = False
+        engine.speculation = False
         plain = [(await _steps(engine, p, params))[0] for p in (short, long)]
         _Oracle.answers = {
             tuple(p): [t for s in steps for t in s.token_ids]
             for p, steps in zip((short, long), plain, strict=True)
         }
         monkeypatch.setattr(scheduler, "Drafter", _Oracle)
-        engine._scheduler.speculation = True
+        engine.speculation = True
         together = await asyncio.gather(_steps(engine, short, params), _steps(engine, long, params))
     assert plain[1][-1].finish_reason == "length"
     assert [steps for steps, _ in together] == plain

@@ -115,7 +115,9 @@ def test_prefix_cache_longest_match_and_lru():
     assert cache.lookup((5, 6)) == (0, None)
     cache.store((1, 2, 3, 4, 5), _row(5, 20))  # supersedes (1, 2, 3, 4); evicts LRU beyond budget
     assert cache.nbytes <= per_token * 10
-    assert (1, 2, 3, 4) not in cache._entries
+    # (1, 2, 3, 4) went, not the least recently used (1, 2, 9): 3 + 5 tokens held, not 4 + 5
+    assert len(cache) == 2 and cache.nbytes == per_token * 8
+    assert cache.lookup((1, 2, 9, 7))[0] == 3
 
 
 LAYOUT = KVLayout(("a", "b"), ("pa", "pb"), kv_heads=2, head_dim=4, dtype=np.dtype("float32"))

@@ -8,7 +8,8 @@ Python tool and sends its output back, and the second script is the final answer
 from __future__ import annotations
 
 import pytest
-from helpers.server import MODEL, Target, scripted, tool_call
+from helpers.responses import MODEL
+from helpers.server import Target, scripted, tool_call
 
 agents = pytest.importorskip("agents")
 

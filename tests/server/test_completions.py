@@ -14,26 +14,11 @@ from helpers.server import ThreadedServer
 from openai.types import Completion
 
 from nbresponses.engine import Engine
-from nbresponses.runtime.generator import TokenGenerator
 from nbresponses.tokens.contract import SamplingParams
 
 pytestmark = pytest.mark.timeout(120)
 TEXTS = ("The sea was calm and the sky was grey.", "Two plus two is four.", "Hello")
 KEY = "sk-completions-test"
-
-
-@pytest.fixture(scope="module")
-def tiny_fused_fp32(tiny_source, cache_dir):
-    from nbresponses.models.prepare import prepare_model
-
-    return prepare_model(tiny_source, "fused-fp32", cache_dir=cache_dir, progress=False)
-
-
-@pytest.fixture
-async def engine(tiny_fused_fp32, tokenizer):
-    eng = Engine(TokenGenerator(tiny_fused_fp32, tokenizer=tokenizer), store_path="memory")
-    yield eng
-    await eng.aclose()
 
 
 def document(engine: Engine, text: str) -> list[int]:
@@ -52,17 +37,17 @@ def error_of(response: httpx2.Response, status: int) -> dict:
     return body["error"]
 
 
-async def test_lm_eval_requests_read_the_engines_scoring_bit_for_bit(engine):
+async def test_lm_eval_requests_read_the_engines_scoring_bit_for_bit(fused_engine):
     """The body lm-evaluation-harness's ``local-completions`` posts (token ids, echo, one
     generated token), and the score-only variant with max_tokens 0, over real HTTP."""
-    prompts = [document(engine, t) for t in TEXTS]
+    prompts = [document(fused_engine, t) for t in TEXTS]
     want = {
-        method: [score_logprobs(await engine.score(t, method=method)) for t in TEXTS]
+        method: [score_logprobs(await fused_engine.score(t, method=method)) for t in TEXTS]
         for method in ("prefill", "decode")
     }
-    lm_eval = {"model": engine.model, "prompt": prompts, "max_tokens": 1, "echo": True,
+    lm_eval = {"model": fused_engine.model, "prompt": prompts, "max_tokens": 1, "echo": True,
                "logprobs": 1, "temperature": 0, "seed": 1234}  # fmt: skip
-    with ThreadedServer(engine.client()) as server:
+    with ThreadedServer(fused_engine.client()) as server:
         async with httpx2.AsyncClient(base_url=server.base_url, timeout=60) as http:
             for max_tokens in (1, 0):
                 for method in ("prefill", "decode"):
@@ -95,12 +80,12 @@ async def test_lm_eval_requests_read_the_engines_scoring_bit_for_bit(engine):
                     assert completion["usage"]["completion_tokens"] == 3 * max_tokens
 
 
-async def test_vllm_prompt_logprobs_carry_rank_and_entropy_of_the_scoring(engine):
-    ids = document(engine, TEXTS[0])
-    scoring = await engine.score(TEXTS[0], top_logprobs=3, method="prefill")
-    client = engine.openai()
+async def test_vllm_prompt_logprobs_carry_rank_and_entropy_of_the_scoring(fused_engine):
+    ids = document(fused_engine, TEXTS[0])
+    scoring = await fused_engine.score(TEXTS[0], top_logprobs=3, method="prefill")
+    client = fused_engine.openai()
     completion = await client.completions.create(
-        model=engine.model, prompt=ids, max_tokens=0, echo=True,
+        model=fused_engine.model, prompt=ids, max_tokens=0, echo=True,
         extra_body={"prompt_logprobs": 3},
     )  # fmt: skip
     positions = completion.choices[0].model_extra["prompt_logprobs"]
@@ -118,19 +103,21 @@ async def test_vllm_prompt_logprobs_carry_rank_and_entropy_of_the_scoring(engine
         assert all(v["logprob"] == tops[v["rank"] - 1] for v in others)
 
 
-async def test_generation_is_the_engines_and_streams_as_openai_does(engine):
-    ids = document(engine, "Once upon a time")
+async def test_generation_is_the_engines_and_streams_as_openai_does(fused_engine):
+    ids = document(fused_engine, "Once upon a time")
     params = SamplingParams(max_tokens=12, temperature=0, logprobs=True, top_logprobs=2,
                             ignore_eos=True)  # fmt: skip
-    steps = [s async for s in engine.generator.generate(ids, params)]
+    steps = [s async for s in fused_engine.generator.generate(ids, params)]
     streamed = [lp.logprob for s in steps for lp in s.logprobs]
-    client = engine.openai()
-    kwargs = dict(model=engine.model, prompt=ids, max_tokens=12, temperature=0, logprobs=2,
+    client = fused_engine.openai()
+    kwargs = dict(model=fused_engine.model, prompt=ids, max_tokens=12, temperature=0, logprobs=2,
                   extra_body={"ignore_eos": True})  # fmt: skip
     whole = await client.completions.create(**kwargs)
     choice = whole.choices[0]
     assert choice.logprobs.token_logprobs == streamed
-    assert choice.text == engine.client().family.decode([t for s in steps for t in s.token_ids])
+    assert choice.text == fused_engine.client().family.decode(
+        [t for s in steps for t in s.token_ids]
+    )
     assert choice.finish_reason == "length" and whole.usage.completion_tokens == 12
     # text offsets point into the choice's text
     for token, offset in zip(choice.logprobs.tokens, choice.logprobs.text_offset, strict=True):
@@ -151,9 +138,9 @@ async def test_generation_is_the_engines_and_streams_as_openai_does(engine):
     assert all(c.finish_reason is None for c in texts[:-1])
 
 
-async def test_echo_stop_and_seed(engine):
-    client = engine.openai()
-    base = dict(model=engine.model, prompt="The weather today", max_tokens=16, temperature=0,
+async def test_echo_stop_and_seed(fused_engine):
+    client = fused_engine.openai()
+    base = dict(model=fused_engine.model, prompt="The weather today", max_tokens=16, temperature=0,
                 extra_body={"ignore_eos": True})  # fmt: skip
     full = (await client.completions.create(**base)).choices[0].text
     stop = full[len(full) // 2 : len(full) // 2 + 3]
@@ -173,11 +160,11 @@ async def test_echo_stop_and_seed(engine):
     assert one.choices[0].text == two.choices[0].text
 
 
-async def test_the_sync_sdk_and_several_prompts(engine, tokenizer):
-    client = engine.openai(sync=True)
+async def test_the_sync_sdk_and_several_prompts(fused_engine, tokenizer):
+    client = fused_engine.openai(sync=True)
     completion = await asyncio.to_thread(
         client.completions.create,
-        model=engine.model, prompt=["Hello there", "General"], max_tokens=3, temperature=0,
+        model=fused_engine.model, prompt=["Hello there", "General"], max_tokens=3, temperature=0,
     )  # fmt: skip
     assert [c.index for c in completion.choices] == [0, 1]
     assert completion.usage.prompt_tokens == len(tokenizer.encode("Hello there")) + len(
@@ -185,10 +172,10 @@ async def test_the_sync_sdk_and_several_prompts(engine, tokenizer):
     )
 
 
-def test_bad_requests_are_named_4xx_never_500(engine):
-    ids = document(engine, TEXTS[0])
-    context = engine.generator.context_length
-    good = {"model": engine.model, "prompt": "hi", "max_tokens": 2}
+def test_bad_requests_are_named_4xx_never_500(fused_engine):
+    ids = document(fused_engine, TEXTS[0])
+    context = fused_engine.generator.context_length
+    good = {"model": fused_engine.model, "prompt": "hi", "max_tokens": 2}
     wrong = {
         "n": (2, 400, "n"),
         "best_of": (3, 400, "best_of"),
@@ -205,7 +192,7 @@ def test_bad_requests_are_named_4xx_never_500(engine):
         "frobnicate": (1, 400, "frobnicate"),
         "model": ("gpt-x", 404, "model"),
     }
-    with ThreadedServer(engine.client(), api_key=KEY) as server, server.http() as http:
+    with ThreadedServer(fused_engine.client(), api_key=KEY) as server, server.http() as http:
         auth = {"authorization": f"Bearer {KEY}"}
         assert "API key" in error_of(http.post("/v1/completions", json=good), 401)["message"]
         assert error_of(http.post("/tokenize", json={"prompt": "hi"}), 401)
@@ -230,7 +217,7 @@ def test_bad_requests_are_named_4xx_never_500(engine):
         assert "JSON" in err["message"]
         # the tokenizer routes, as vLLM serves them
         tokens = http.post("/tokenize", json={"prompt": TEXTS[1]}, headers=auth).json()
-        assert tokens["tokens"] == ids_of(engine, TEXTS[1]) and tokens["count"] > 0
+        assert tokens["tokens"] == ids_of(fused_engine, TEXTS[1]) and tokens["count"] > 0
         assert tokens["max_model_len"] == context
         text = http.post("/detokenize", json={"tokens": tokens["tokens"]}, headers=auth).json()
         assert text == {"prompt": TEXTS[1]}
@@ -242,14 +229,16 @@ def ids_of(engine: Engine, text: str) -> list[int]:
     return engine.client().family.encode(text)
 
 
-async def test_a_failing_request_leaves_the_others_alone(engine):
-    client = engine.openai()
-    fine = dict(model=engine.model, prompt="Hello", max_tokens=8, temperature=0,
+async def test_a_failing_request_leaves_the_others_alone(fused_engine):
+    client = fused_engine.openai()
+    fine = dict(model=fused_engine.model, prompt="Hello", max_tokens=8, temperature=0,
                 extra_body={"ignore_eos": True})  # fmt: skip
     alone = await client.completions.create(**fine)
     results = await asyncio.gather(
         client.completions.create(**fine),
-        client.completions.create(model=engine.model, prompt=[[1, 2], [3, 10**7]], max_tokens=4),
+        client.completions.create(
+            model=fused_engine.model, prompt=[[1, 2], [3, 10**7]], max_tokens=4
+        ),
         client.completions.create(**fine),
         return_exceptions=True,
     )
@@ -257,24 +246,24 @@ async def test_a_failing_request_leaves_the_others_alone(engine):
     assert [r.choices[0].text for r in (results[0], results[2])] == [alone.choices[0].text] * 2
 
 
-async def test_a_stream_left_early_frees_the_engine(engine):
-    client = engine.openai()
+async def test_a_stream_left_early_frees_the_engine(fused_engine):
+    client = fused_engine.openai()
     stream = await client.completions.create(
-        model=engine.model, prompt="Hello", max_tokens=200, stream=True,
+        model=fused_engine.model, prompt="Hello", max_tokens=200, stream=True,
         extra_body={"ignore_eos": True},
     )  # fmt: skip
     async for _chunk in stream:
         break
     await stream.close()
     for _ in range(200):
-        if engine.generator.running == 0:
+        if fused_engine.generator.running == 0:
             break
         await asyncio.sleep(0.02)
-    assert engine.generator.running == 0
+    assert fused_engine.generator.running == 0
 
 
-def test_wire_format_is_openais(engine):
-    with ThreadedServer(engine.client()) as server, server.http() as http:
+def test_wire_format_is_openais(fused_engine):
+    with ThreadedServer(fused_engine.client()) as server, server.http() as http:
         body = http.post(
             "/v1/completions",
             json={"prompt": "hi", "max_tokens": 3, "stream": True, "ignore_eos": True},
@@ -290,16 +279,16 @@ def test_wire_format_is_openais(engine):
         assert Completion.model_validate(chunks[-1]).object == "text_completion"
 
 
-def test_a_stream_that_fails_after_it_began_says_so_in_band(engine):
+def test_a_stream_that_fails_after_it_began_says_so_in_band(fused_engine):
     """Ids outside the vocabulary are found when the prompt reaches the engine: the stream has
     begun, so the error comes as OpenAI's ``data: {"error": ...}`` frame, then ``[DONE]``."""
     bad = {"prompt": [[1, 2], [3, 10**7]], "max_tokens": 2, "stream": True}
-    with ThreadedServer(engine.client()) as server, server.http() as http:
+    with ThreadedServer(fused_engine.client()) as server, server.http() as http:
         body = http.post("/v1/completions", json=bad)
         frames = body.text.split("\n\n")
         assert frames[-2:] == ["data: [DONE]", ""]
         errors = [json.loads(f[len("data: ") :]) for f in frames if '"error"' in f]
         assert len(errors) == 1 and errors[0]["error"]["param"] == "prompt"
         with pytest.raises(openai.APIError):
-            for _ in server.openai(sync=True).completions.create(model=engine.model, **bad):
+            for _ in server.openai(sync=True).completions.create(model=fused_engine.model, **bad):
                 pass

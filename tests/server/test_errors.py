@@ -7,7 +7,8 @@ import json
 import httpx2
 import openai
 import pytest
-from helpers.server import MODEL, ThreadedServer, scripted
+from helpers.responses import MODEL
+from helpers.server import ThreadedServer, scripted
 from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 

@@ -8,7 +8,8 @@ import os
 from typing import Any
 
 import pytest
-from helpers.server import MODEL, ThreadedServer, scripted
+from helpers.responses import MODEL
+from helpers.server import ThreadedServer, scripted
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

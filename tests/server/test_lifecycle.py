@@ -7,7 +7,8 @@ import json
 
 import httpx2
 import pytest
-from helpers.server import MODEL, ThreadedServer, scripted
+from helpers.responses import MODEL
+from helpers.server import ThreadedServer, scripted
 
 from nbresponses.cli import COMMANDS, build_parser
 from nbresponses.server.app import create_app

@@ -14,7 +14,8 @@ from pathlib import Path
 import httpx2
 import openai
 import pytest
-from helpers.server import MODEL, ThreadedServer, scripted
+from helpers.responses import MODEL
+from helpers.server import ThreadedServer, scripted
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 TEXT = "The quick brown fox jumps over the lazy dog, again and again."

@@ -6,16 +6,8 @@ import asyncio
 
 import openai
 import pytest
-from helpers.server import (
-    EOS,
-    MODEL,
-    GatedSource,
-    Target,
-    eventually,
-    ids,
-    scripted,
-    tool_call,
-)
+from helpers.responses import EOS, MODEL, ids
+from helpers.server import GatedSource, Target, eventually, scripted, tool_call
 from openai.types.responses import Response
 
 from nbresponses.service.client import AsyncResponsesClient

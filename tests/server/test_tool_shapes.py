@@ -9,7 +9,8 @@ import json
 
 import openai
 import pytest
-from helpers.server import MODEL, Target, scripted, tool_call
+from helpers.responses import MODEL
+from helpers.server import Target, scripted, tool_call
 
 KINDS = ["inprocess", "http"]
 PARAMETERS = {  # an ordinary schema: an optional enum, no additionalProperties

@@ -7,7 +7,8 @@ import json
 import sqlite3
 
 import pytest
-from helpers.server import MODEL, ThreadedServer, scripted
+from helpers.responses import MODEL
+from helpers.server import ThreadedServer, scripted
 
 import nbresponses as nbr
 

@@ -9,8 +9,6 @@ import pytest
 from helpers.server import ThreadedServer
 
 import nbresponses as nbr
-from nbresponses.engine import Engine
-from nbresponses.runtime.generator import TokenGenerator
 from nbresponses.service.remote import RemoteEngine, _from_echo, _from_prompt_logprobs
 
 pytestmark = pytest.mark.timeout(180)
@@ -18,24 +16,10 @@ TEXTS = ["The sea was calm and the sky was grey.", "Two plus two is four.", "Hel
 KEY = "sk-remote-test"
 
 
-@pytest.fixture(scope="module")
-def tiny_fused_fp32(tiny_source, cache_dir):
-    from nbresponses.models.prepare import prepare_model
-
-    return prepare_model(tiny_source, "fused-fp32", cache_dir=cache_dir, progress=False)
-
-
 @pytest.fixture
-async def engine(tiny_fused_fp32, tokenizer):
-    eng = Engine(TokenGenerator(tiny_fused_fp32, tokenizer=tokenizer), store_path="memory")
-    yield eng
-    await eng.aclose()
-
-
-@pytest.fixture
-async def remote(engine):
-    with ThreadedServer(engine.client(), api_key=KEY) as server:
-        eos = engine.generator.eos_token_ids[0]
+async def remote(fused_engine):
+    with ThreadedServer(fused_engine.client(), api_key=KEY) as server:
+        eos = fused_engine.generator.eos_token_ids[0]
         async with RemoteEngine(server.base_url, api_key=KEY, document_start=eos) as remote:
             yield remote
 
@@ -48,15 +32,15 @@ def entries(scoring):
     ]  # fmt: skip
 
 
-async def test_remote_scorings_are_the_kernels(engine, remote):
-    assert await remote.model() == engine.model  # the server's first model, asked for
-    local = await engine.score(TEXTS[0], top_logprobs=3, method="prefill")
+async def test_remote_scorings_are_the_kernels(fused_engine, remote):
+    assert await remote.model() == fused_engine.model  # the server's first model, asked for
+    local = await fused_engine.score(TEXTS[0], top_logprobs=3, method="prefill")
     far = await remote.score(TEXTS[0], top_logprobs=3)
     assert entries(far) == entries(local)  # logprob, rank, entropy, alternatives: all equal
     assert far.output_text == local.output_text
     assert far.metadata["nbresponses.server"].startswith("127.0.0.1:")
     # a continuation, computed by decode steps on both sides
-    local = await engine.score("Is the sea calm?", " Yes", top_logprobs=2)
+    local = await fused_engine.score("Is the sea calm?", " Yes", top_logprobs=2)
     far = await remote.score("Is the sea calm?", " Yes", top_logprobs=2, method="decode")
     assert entries(far) == entries(local)
     assert far.usage.input_tokens == local.usage.input_tokens
@@ -67,27 +51,29 @@ async def test_remote_scorings_are_the_kernels(engine, remote):
     )
 
 
-async def test_choose_and_score_frame_switch_by_one_line(engine, remote):
+async def test_choose_and_score_frame_switch_by_one_line(fused_engine, remote):
     options = [" Yes", " No", " Maybe"]
-    for where in (engine, remote):  # the notebook's one line: which of the two it holds
+    for where in (fused_engine, remote):  # the notebook's one line: which of the two it holds
         frame = await where.choose("Is the sea calm?", options, method="prefill")
         assert list(frame.index) == options and abs(frame["prob"].sum() - 1) < 1e-9
-        if where is engine:
+        if where is fused_engine:
             local_choice = frame
     pd.testing.assert_frame_equal(frame, local_choice)
     far = await remote.score_frame(TEXTS, top_logprobs=1, progress=False)
-    near = await engine.score_frame(TEXTS, top_logprobs=1, method="prefill", progress=False)
+    near = await fused_engine.score_frame(TEXTS, top_logprobs=1, method="prefill", progress=False)
     columns = ["document", "token", "logprob", "rank", "entropy"]
     pd.testing.assert_frame_equal(far[columns], near[columns])
     assert sorted(far["document"].unique()) == [0, 1, 2]
 
 
-async def test_choice_normalisations_and_pmi_on_a_server_are_the_kernels(engine, remote):
+async def test_choice_normalisations_and_pmi_on_a_server_are_the_kernels(fused_engine, remote):
     """The analyses' ``choose`` (every lm-evaluation-harness normalisation, PMI after a neutral
     context, even an empty one: the start token alone) and ``choose_many`` run remotely."""
     options = [" red", " blue", " green"]
     for neutral in ("", "Answer:"):
-        near = await engine.choose("Red or blue?", options, method="prefill", unconditional=neutral)
+        near = await fused_engine.choose(
+            "Red or blue?", options, method="prefill", unconditional=neutral
+        )
         far = await remote.choose("Red or blue?", options, unconditional=neutral)
         assert {"prob_per_char", "prob_per_byte", "pmi", "prob_pmi"} <= set(far.columns)
         pd.testing.assert_frame_equal(far, near)
@@ -98,18 +84,20 @@ async def test_choice_normalisations_and_pmi_on_a_server_are_the_kernels(engine,
             "answer": [" blue", 0],
         }
     )
-    near = await engine.choose_many(questions, method="prefill", unconditional="", progress=False)
+    near = await fused_engine.choose_many(
+        questions, method="prefill", unconditional="", progress=False
+    )
     far = await remote.choose_many(questions, unconditional="", progress=False)
     pd.testing.assert_frame_equal(far, near)
     pd.testing.assert_frame_equal(nbr.choice_accuracy(far), nbr.choice_accuracy(near))
 
 
-async def test_the_openai_echo_shape_reads_the_same_logprobs(engine, remote):
+async def test_the_openai_echo_shape_reads_the_same_logprobs(fused_engine, remote):
     """A server without vLLM's prompt_logprobs: OpenAI's echo logprobs give the same numbers,
     with no rank or entropy (the frames leave them empty)."""
-    ids = [engine.generator.eos_token_ids[0], *engine.client().family.encode(TEXTS[1])]
+    ids = [fused_engine.generator.eos_token_ids[0], *fused_engine.client().family.encode(TEXTS[1])]
     completion = await remote.client().completions.create(
-        model=engine.model, prompt=ids, max_tokens=0, echo=True, logprobs=2,
+        model=fused_engine.model, prompt=ids, max_tokens=0, echo=True, logprobs=2,
         extra_body={"prompt_logprobs": 2},
     )  # fmt: skip
     choice = completion.choices[0]
@@ -124,7 +112,7 @@ async def test_the_openai_echo_shape_reads_the_same_logprobs(engine, remote):
     assert all(e.rank is not None for e in rich)
 
 
-async def test_errors_reach_the_caller(engine, remote):
+async def test_errors_reach_the_caller(fused_engine, remote):
     with pytest.raises(ValueError, match="chat template"):
         await remote.score(
             [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"}]
@@ -135,7 +123,7 @@ async def test_errors_reach_the_caller(engine, remote):
     await wrong.aclose()
     with pytest.raises(ValueError, match="full distribution"):  # word_starts: the kernel's
         [s async for s in remote._scorer.score_many(TEXTS, word_starts=True, progress=False)]
-    answer = await engine.score("Hello there")
+    answer = await fused_engine.score("Hello there")
     with pytest.raises(ValueError, match="in the kernel"):
         await remote.score(answer)
     no_start = RemoteEngine(remote.base_url, api_key=KEY, max_retries=0)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import json
 import tracemalloc
 
 import openai
 import pytest
 from helpers.responses import (
+    CALL,
     WEATHER,
     check_stream,
     client_for,
@@ -76,51 +76,6 @@ async def test_no_logprobs_unless_asked(tokenizer):
     assert r.output[0].content[0].logprobs == []
 
 
-# -- reasoning -------------------------------------------------------------------------------
-
-
-async def test_reasoning_items_and_exact_token_count(tokenizer):
-    thought = "<think>hmm, 日本 is 🤔</think>"
-    client, _ = client_for(tokenizer, thought + "\n\nAnswer")
-    events = await stream_events(client, input="q")
-    check_stream(events)
-    r = events[-1].response
-    assert [i.type for i in r.output] == ["reasoning", "message"]
-    assert r.output[0].id.startswith("rs_")
-    assert r.output[0].content[0].text == "hmm, 日本 is 🤔"
-    assert r.output_text == "Answer"
-    deltas = [e.delta for e in events if e.type == "response.reasoning_text.delta"]
-    assert len(deltas) > 3 and "".join(deltas) == "hmm, 日本 is 🤔"
-    expected = len(tokenizer.encode(thought))
-    assert tokenizer.encode(thought) == tokenizer.encode(thought + "\n\nAnswer")[:expected]
-    assert r.usage.output_tokens_details.reasoning_tokens == expected
-    assert r.usage.output_tokens == len(ids(tokenizer, thought + "\n\nAnswer"))
-    assert dumps(fold(events).output) == dumps(r.output)
-
-
-async def test_truncated_reasoning_is_incomplete(tokenizer):
-    client, _ = client_for(tokenizer, "<think>a long long thought that goes on</think>Hi")
-    events = await stream_events(client, input="q", max_output_tokens=6)
-    check_stream(events)
-    r = events[-1].response
-    assert events[-1].type == "response.incomplete"
-    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
-    assert r.output[0].type == "reasoning" and r.output[0].status == "incomplete"
-    assert r.usage.output_tokens == 6 == r.usage.output_tokens_details.reasoning_tokens
-
-
-async def test_reasoning_effort_needs_template_support(tokenizer):
-    client, _ = client_for(tokenizer, "x")
-    with pytest.raises(openai.BadRequestError) as err:
-        await client.responses.create(input="q", reasoning={"effort": "low"})
-    assert err.value.param == "reasoning.effort"
-
-
-# -- tools -------------------------------------------------------------------------------------
-
-CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>'
-
-
 async def test_a_slow_reader_gets_every_event(tokenizer):
     """The run finishes (and the store drops its event log) long before a reader that
     pauses between events is through: the reader still gets all of them."""
@@ -136,70 +91,6 @@ async def test_a_slow_reader_gets_every_event(tokenizer):
     late = await client.responses.create(input="hi", stream=True)
     await client.store.get(late.response_id).run.wait()  # done before the first read
     assert [e.type async for e in late] == [e.type for e in fast]
-
-
-async def test_tool_call_streamed_and_prompted(tokenizer):
-    client, source = client_for(tokenizer, "Checking.\n" + CALL)
-    events = await stream_events(client, input="Weather in Zürich?", tools=[WEATHER])
-    check_stream(events)
-    assert "<tools>" in prompt_text(tokenizer, source)  # SmolLM2 ignores tools: injected
-    r = events[-1].response
-    assert [i.type for i in r.output] == ["message", "function_call"]
-    call = r.output[1]
-    assert call.id.startswith("fc_") and call.call_id.startswith("call_")
-    assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Zürich"}
-    assert call.status == "completed"
-    arg_deltas = [e for e in events if e.type == "response.function_call_arguments.delta"]
-    assert len(arg_deltas) > 2
-    assert dumps(fold(events).output) == dumps(r.output)
-
-
-async def test_several_calls_and_parallel_off(tokenizer):
-    two = CALL + "\n" + CALL.replace("Zürich", "Bern")
-    client, source = client_for(tokenizer, two, two)
-    r = await client.responses.create(input="q", tools=[WEATHER])
-    assert [json.loads(i.arguments)["city"] for i in r.output] == ["Zürich", "Bern"]
-    r = await client.responses.create(input="q", tools=[WEATHER], parallel_tool_calls=False)
-    assert len(r.output) == 1 and r.status == "completed"
-    assert source.cancelled == 1  # generation stopped after the first call
-
-
-@pytest.mark.parametrize(
-    "bad",
-    [
-        "<tool_call>\n{get_weather: Zürich}\n</tool_call>",  # not JSON
-        '<tool_call>\n{"name": "get_weather", "arguments": {"city": Zürich}}\n</tool_call>',
-        '<tool_call>\n{"name": "get_wetter", "arguments": {"city": "Zürich"}}\n</tool_call>',
-        '<tool_call>\n{"name": "get_weather", "arguments": {"town": "Zürich"}}\n</tool_call>',
-    ],
-)
-async def test_a_call_the_tools_do_not_allow_cannot_come_out(tokenizer, bad):
-    """With tools (auto), text is free until a <tool_call> opens; from there the grammar holds
-    the name to the tools' and the arguments to the (strict) schema. The scripted source
-    applies the mask and cannot pick another token, so the run fails where the script breaks
-    the grammar; nothing of the broken call is returned as a call."""
-    client, _ = client_for(tokenizer, bad)
-    events = await stream_events(client, input="q", tools=[WEATHER])
-    check_stream(events)
-    r = events[-1].response
-    assert r.status == "failed" and "grammar refuses" in r.error.message
-    assert not [i for i in r.output if i.type == "function_call" and i.status == "completed"]
-
-
-async def test_tool_choice_modes(tokenizer):
-    client, source = client_for(tokenizer, CALL, CALL, '{"city": "Bern"}}\n</tool_call>')
-    r = await client.responses.create(input="q", tools=[WEATHER], tool_choice="none")
-    assert "<tools>" not in prompt_text(tokenizer, source) and r.output_text == CALL
-    await client.responses.create(input="q", tools=[WEATHER], tool_choice="required")
-    assert prompt_text(tokenizer, source).endswith("assistant\n<tool_call>\n")
-    r = await client.responses.create(
-        input="q", tools=[WEATHER], tool_choice={"type": "function", "name": "get_weather"}
-    )
-    assert prompt_text(tokenizer, source).endswith('{"name": "get_weather", "arguments": ')
-    assert r.output[0].name == "get_weather" and json.loads(r.output[0].arguments) == {
-        "city": "Bern"
-    }
-    assert r.tool_choice.name == "get_weather"
 
 
 # -- errors ---------------------------------------------------------------------------------
@@ -276,21 +167,6 @@ async def test_errors_are_openai_exceptions(tokenizer, kwargs, param, cls):
     assert source.prompts == []  # nothing reached the engine
 
 
-async def test_transport_knobs_accepted(tokenizer):
-    client, _ = client_for(tokenizer, "ok")
-    r = await client.responses.create(
-        input="hi",
-        model="smollm2",
-        extra_headers={"X-A": "1"},
-        extra_query={"q": 1},
-        timeout=5,
-        extra_body={"metadata": {"k": "v"}},
-        user="me",
-        metadata=None,
-    )
-    assert r.metadata == {"k": "v"} and r.user == "me" and r.output_text == "ok"
-
-
 async def test_context_length_exceeded(tokenizer):
     client, _ = client_for(tokenizer, "x", context_length=10)
     with pytest.raises(openai.BadRequestError) as err:
@@ -357,7 +233,7 @@ async def test_store_counts_what_a_chain_holds(tokenizer):
     finally:
         tracemalloc.stop()
     assert 0.75 < held / client.store.bytes < 1.25
-    for record_id in list(client.store._records):
+    for record_id in client.store:
         await client.responses.delete(record_id)
     assert client.store.bytes == 0 and len(client.store) == 0
 

@@ -21,16 +21,10 @@ from nbresponses.tokens.scripted import ScriptedTokenSource
 LOGPROBS = {"include": ["message.output_text.logprobs"], "top_logprobs": 3}
 
 
-@pytest.fixture(scope="module")
-def tiny_fused_fp32(tiny_source, cache_dir):
-    from nbresponses.models.prepare import prepare_model
-
-    return prepare_model(tiny_source, "fused-fp32", cache_dir=cache_dir, progress=False)
-
-
 @pytest.fixture
-async def engine(tiny_fused_fp32, tokenizer):
-    eng = Engine(TokenGenerator(tiny_fused_fp32, tokenizer=tokenizer))
+async def engine(tiny_fused, tokenizer):
+    """``tiny_fused`` on the tests' SQLite store: another engine reads its responses."""
+    eng = Engine(TokenGenerator(tiny_fused, tokenizer=tokenizer))
     yield eng
     await eng.aclose()
 

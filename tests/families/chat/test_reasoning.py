@@ -13,7 +13,18 @@ import json
 import openai
 import pytest
 from helpers.chat_templates import EFFORT, QWEN3, R1_BARE, R1_OPEN, SMOLLM3, Templated
-from helpers.responses import EOS, WEATHER, check_stream, dumps, fold, prompt_text, stream_events
+from helpers.responses import (
+    CALL,
+    EOS,
+    WEATHER,
+    check_stream,
+    client_for,
+    dumps,
+    fold,
+    ids,
+    prompt_text,
+    stream_events,
+)
 from openai.types.responses import Response
 
 from nbresponses.families.chat.family import ChatFamily
@@ -25,7 +36,6 @@ from nbresponses.tokens.scripted import Script, ScriptedTokenSource
 
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 HI = [{"role": "user", "content": "hi"}]
-CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>'
 
 
 @pytest.fixture(scope="module")
@@ -471,3 +481,43 @@ async def test_effort_a_template_cannot_honour_is_a_400(tokenizer, template, eff
     assert err.value.param == "reasoning.effort" and err.value.code == "unsupported_parameter"
     assert err.value.body["type"] == "invalid_request_error"
     assert source.prompts == []  # refused before anything ran
+
+
+# -- SmolLM2's template (no reasoning of its own): <think> written anyway ---------------------
+
+
+async def test_reasoning_items_and_exact_token_count(tokenizer):
+    thought = "<think>hmm, 日本 is 🤔</think>"
+    c, _ = client_for(tokenizer, thought + "\n\nAnswer")
+    events = await stream_events(c, input="q")
+    check_stream(events)
+    r = events[-1].response
+    assert [i.type for i in r.output] == ["reasoning", "message"]
+    assert r.output[0].id.startswith("rs_")
+    assert r.output[0].content[0].text == "hmm, 日本 is 🤔"
+    assert r.output_text == "Answer"
+    deltas = [e.delta for e in events if e.type == "response.reasoning_text.delta"]
+    assert len(deltas) > 3 and "".join(deltas) == "hmm, 日本 is 🤔"
+    expected = len(tokenizer.encode(thought))
+    assert tokenizer.encode(thought) == tokenizer.encode(thought + "\n\nAnswer")[:expected]
+    assert r.usage.output_tokens_details.reasoning_tokens == expected
+    assert r.usage.output_tokens == len(ids(tokenizer, thought + "\n\nAnswer"))
+    assert dumps(fold(events).output) == dumps(r.output)
+
+
+async def test_truncated_reasoning_is_incomplete(tokenizer):
+    c, _ = client_for(tokenizer, "<think>a long long thought that goes on</think>Hi")
+    events = await stream_events(c, input="q", max_output_tokens=6)
+    check_stream(events)
+    r = events[-1].response
+    assert events[-1].type == "response.incomplete"
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.output[0].type == "reasoning" and r.output[0].status == "incomplete"
+    assert r.usage.output_tokens == 6 == r.usage.output_tokens_details.reasoning_tokens
+
+
+async def test_reasoning_effort_needs_template_support(tokenizer):
+    c, _ = client_for(tokenizer, "x")
+    with pytest.raises(openai.BadRequestError) as err:
+        await c.responses.create(input="q", reasoning={"effort": "low"})
+    assert err.value.param == "reasoning.effort"

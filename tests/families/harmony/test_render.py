@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import date
-from pathlib import Path
 
 import pytest
 from openai.types.responses import (
@@ -26,7 +25,6 @@ from openai_harmony import (
 
 from nbresponses.families.harmony import (
     continuation_ids,
-    harmony_encoding,
     render_request,
 )
 from nbresponses.tools.base import tool_message
@@ -45,11 +43,6 @@ WEATHER = {
         "additionalProperties": False,  # strict by default, as on OpenAI
     },
 }
-
-
-@pytest.fixture(scope="session")
-def enc(cache_dir: Path) -> HarmonyEncoding:
-    return harmony_encoding(cache_dir)
 
 
 def system(effort: ReasoningEffort = ReasoningEffort.MEDIUM) -> Message:

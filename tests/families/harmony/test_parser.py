@@ -30,11 +30,6 @@ WEATHER_CALL = (
 )
 
 
-@pytest.fixture(scope="session")
-def enc(cache_dir: Path) -> HarmonyEncoding:
-    return harmony_encoding(cache_dir)
-
-
 def ids_of(enc: HarmonyEncoding, text: str) -> list[int]:
     return enc.encode(text, allowed_special="all")
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 from datetime import date
-from pathlib import Path
 
 import openai
 import pytest
@@ -31,7 +30,6 @@ from openai_harmony import (
 from nbresponses.families.chat.family import ChatFamily
 from nbresponses.families.harmony import (
     continuation_ids,
-    harmony_encoding,
 )
 from nbresponses.families.harmony.family import HarmonyFamily
 from nbresponses.service.client import AsyncResponsesClient
@@ -57,11 +55,6 @@ WEATHER = {
     },
 }
 PYTHON = {"type": "code_interpreter", "container": {"type": "auto"}}
-
-
-@pytest.fixture(scope="session")
-def enc(cache_dir: Path) -> HarmonyEncoding:
-    return harmony_encoding(cache_dir)
 
 
 # -- scripts: what the model writes, rendered by harmony ---------------------------------------

@@ -1,0 +1,53 @@
+"""Where the view hands a response it was asked to keep (``traffic/recording.py``): to every
+registered recorder once, with a warning instead of a failure when none can take it."""
+
+from __future__ import annotations
+
+import warnings
+from types import SimpleNamespace
+
+import pytest
+
+from nbresponses.traffic import recording
+
+
+@pytest.fixture
+def recorders(monkeypatch):
+    """The registry emptied for one test (the store may have registered itself on import)."""
+    monkeypatch.setattr(recording, "_RECORDERS", [])
+
+
+def test_each_recorder_gets_the_response_once(recorders):
+    got = []
+
+    def keep(response, base_url):
+        got.append((response, base_url))
+
+    recording.register_recorder(keep)
+    recording.register_recorder(keep)  # registered twice: called once
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        recording.keep_shown("r", "http://h/v1/responses")
+    assert got == [("r", "http://h/v1/responses")]
+
+
+def test_without_a_recorder_or_with_a_failing_one_the_view_is_warned_not_broken(recorders):
+    with pytest.warns(UserWarning, match=r"nbresponses\[engine\]"):
+        recording.keep_shown("r", None)
+
+    def broken(response, base_url):
+        raise OSError("disk full")
+
+    seen = []
+    recording.register_recorder(broken)
+    recording.register_recorder(lambda response, base_url: seen.append(response))
+    with pytest.warns(UserWarning, match="not recorded: disk full"):
+        recording.keep_shown("r", None)
+    assert seen == ["r"]  # the failing recorder did not stop the next one
+
+
+def test_the_origin_is_the_url_an_sdk_stream_was_read_from():
+    request = SimpleNamespace(url="http://127.0.0.1:8000/v1/responses")
+    stream = SimpleNamespace(response=SimpleNamespace(request=request))
+    assert recording.origin_of(stream) == "http://127.0.0.1:8000/v1/responses"
+    assert recording.origin_of(iter([])) is None  # our own streams and plain iterables
