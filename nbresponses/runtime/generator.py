@@ -105,11 +105,6 @@ class GenerationStream:
         if not self._request.done:
             self._scheduler.cancel(self._request)
 
-    async def wait_idle(self, timeout: float | None = None) -> bool:
-        """Wait until no request runs or waits and the prefix cache holds every finished
-        answer (re-computed while idle, so a follow-up turn reuses it). False on timeout."""
-        return await asyncio.to_thread(self._scheduler.wait_idle, timeout)
-
     async def aclose(self) -> None:
         """Stop early (what ``async with contextlib.aclosing(stream)`` calls)."""
         if not self._finished:
