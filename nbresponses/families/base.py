@@ -69,12 +69,12 @@ class RenderedPrompt:
 class Family(Protocol):
     name: str
 
-    def check(self, req: CreateRequest, history: Sequence[Any]) -> None:
+    def check(self, req: CreateRequest, conversation: Sequence[Any]) -> None:
         """Raise a 400 for anything in the request this kind of model cannot honour."""
         ...
 
-    def render(self, req: CreateRequest, history: Sequence[Any]) -> RenderedPrompt:
-        """``history`` is the conversation so far: earlier turns, then the request's input."""
+    def render(self, req: CreateRequest, conversation: Sequence[Any]) -> RenderedPrompt:
+        """The conversation so far: earlier turns, then the request's input."""
         ...
 
     # -- text, for scoring given text --------------------------------------------------------

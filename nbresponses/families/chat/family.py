@@ -69,7 +69,7 @@ class ChatFamily:
             )
         return self._grammar_tokenizer
 
-    def check(self, req: CreateRequest, history: Sequence[Any]) -> None:
+    def check(self, req: CreateRequest, conversation: Sequence[Any]) -> None:
         for i, tool in enumerate(req.all_tools):
             if not isinstance(tool, FunctionTool):
                 raise unsupported(f"tools[{i}]", f"tool type {tool.type!r} {HARMONY_ONLY}.")
@@ -99,11 +99,11 @@ class ChatFamily:
     def token_logprob(self, logprob: TokenIdLogprob) -> TokenLogprob:
         return protocol_logprob(logprob, self._bytes)
 
-    def render(self, req: CreateRequest, history: Sequence[Any]) -> RenderedPrompt:
+    def render(self, req: CreateRequest, conversation: Sequence[Any]) -> RenderedPrompt:
         tools = [tool_schema(t.name, t.description, t.parameters) for t in req.tools]
         prompt = render(
             self.tokenizer,
-            to_chat(history, req.instructions),
+            to_chat(conversation, req.instructions),
             tools=tools,
             tool_mode=req.tool_mode,  # type: ignore[arg-type]
             forced_tool=req.forced_tool,

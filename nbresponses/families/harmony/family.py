@@ -82,7 +82,7 @@ class HarmonyFamily:
         # end-of-text ids the engine may stop on that harmony's grammar does not read
         self._skip = frozenset(eos_token_ids) - set(self._stops)
 
-    def check(self, req: CreateRequest, history: Sequence[Any]) -> None:
+    def check(self, req: CreateRequest, conversation: Sequence[Any]) -> None:
         output_schema(req)  # a 400 for a schema (or tool schema) that cannot be enforced
         if req.tool_mode != "none":
             tool_schemas(req)
@@ -101,7 +101,7 @@ class HarmonyFamily:
     def token_logprob(self, logprob: TokenIdLogprob) -> TokenLogprob:
         return protocol_logprob(logprob, self._bytes)
 
-    def render(self, req: CreateRequest, history: Sequence[Any]) -> RenderedPrompt:
+    def render(self, req: CreateRequest, conversation: Sequence[Any]) -> RenderedPrompt:
         tools_on = req.tool_mode != "none"
         given = {
             registry.for_request_type(t.type): t for t in req.builtin_tools if tools_on
@@ -109,7 +109,7 @@ class HarmonyFamily:
         try:
             prompt = render_request(
                 self.encoding,
-                list(history),
+                list(conversation),
                 instructions=req.instructions,
                 tools=[t.model_dump(exclude_none=True) for t in req.tools] if tools_on else [],
                 reasoning=req.reasoning,
