@@ -3,7 +3,7 @@
 A ``Family`` is what differs between a chat-template model (SmolLM2, Qwen, ...) and a
 gpt-oss model speaking harmony: which requests it can honour (``check``), how a conversation
 becomes prompt ids and stop ids (``render``), and how generated tokens become protocol events
-(the ``Decoder`` a rendered prompt makes for one response). The service only talks to these
+(the ``OutputReader`` a rendered prompt makes for one response). The service only talks to these
 protocols, so it holds no branch per model family. ``registry.select_family`` picks one.
 """
 
@@ -18,7 +18,7 @@ from nbresponses.protocol.request import CreateRequest
 from nbresponses.tokens.contract import ConstraintFactory, TokenIdLogprob
 
 
-class Decoder(Protocol):
+class OutputReader(Protocol):
     """Turns one response's generated tokens into builder calls, across tool rounds."""
 
     @property
@@ -62,7 +62,7 @@ class RenderedPrompt:
 
     ids: list[int]
     stop_token_ids: tuple[int, ...]
-    decoder: Callable[[EventBuilder], Decoder]
+    output_reader: Callable[[EventBuilder], OutputReader]
     constraint: ConstraintFactory | None = None
 
 

@@ -193,7 +193,7 @@ class AsyncResponses:
         context = self._context(req)
         prompt = self._render(req, context)
         params = self._params(req, prompt)
-        generation = Generation(client.source, prompt.ids, params, prompt.decoder)
+        generation = Generation(client.source, prompt.ids, params, prompt.output_reader)
         stored = req.store and client.keeps
         run = ResponseRun(
             self._response(req),

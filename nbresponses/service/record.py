@@ -24,7 +24,7 @@ class Record:
     def conversation(self, context: list[Any] | None = None) -> list[Any]:
         """The conversation through this response's output: what a child continues from.
 
-        Output items are taken as the model saw them (``decoder.replay``): e.g. a code
+        Output items are taken as the model saw them (``output_reader.replay``): e.g. a code
         interpreter call keeps its logs for the next turn even when the response leaves its
         ``outputs`` out.
         """

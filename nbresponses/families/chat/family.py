@@ -131,8 +131,8 @@ class ChatFamily:
         )
         constraint = Grammar.lark(self.grammar_tokenizer(), grammar, guard) if grammar else None
 
-        def decoder(builder: EventBuilder) -> ChatDecoder:
-            return ChatDecoder(
+        def output_reader(builder: EventBuilder) -> ChatOutputReader:
+            return ChatOutputReader(
                 builder,
                 self.tokenizer,
                 self._bytes,
@@ -144,11 +144,14 @@ class ChatFamily:
             )
 
         return RenderedPrompt(
-            ids=prompt.ids, stop_token_ids=self._eos, decoder=decoder, constraint=constraint
+            ids=prompt.ids,
+            stop_token_ids=self._eos,
+            output_reader=output_reader,
+            constraint=constraint,
         )
 
 
-class ChatDecoder:
+class ChatOutputReader:
     """Detokenizer + text parser → builder calls, with exact token attribution."""
 
     def __init__(

@@ -124,13 +124,13 @@ class HarmonyFamily:
             ) from None
         limit = min(self.max_tool_calls, req.max_tool_calls or self.max_tool_calls)
 
-        def decoder(builder: EventBuilder) -> HarmonyDecoder:
+        def output_reader(builder: EventBuilder) -> HarmonyOutputReader:
             settings = {**self.settings, "container_id": new_id("cntr")}  # one per response
             tools = {
                 t.item_type: t.for_response(given.get(t), **settings)
                 for t in registry.BUILTIN_TOOLS
             }
-            return HarmonyDecoder(
+            return HarmonyOutputReader(
                 builder,
                 self.encoding,
                 self._bytes,
@@ -146,11 +146,11 @@ class HarmonyFamily:
         guard = Guard(req.repetition_guard)  # harmony's turn is watched whole
         constraint = Grammar.lark(tokenizer, grammar, guard) if grammar is not None else None
         return RenderedPrompt(
-            prompt.token_ids, prompt.stop_token_ids, decoder, constraint=constraint
+            prompt.token_ids, prompt.stop_token_ids, output_reader, constraint=constraint
         )
 
 
-class HarmonyDecoder:
+class HarmonyOutputReader:
     """Harmony segments → builder calls; built-in calls run between generation rounds."""
 
     def __init__(
@@ -178,7 +178,7 @@ class HarmonyDecoder:
         self.reasoning_tokens = 0
         self.replay: dict[str, Any] = {}
 
-    # -- the Decoder protocol ----------------------------------------------------------------
+    # -- the OutputReader protocol ------------------------------------------------------------
 
     def feed(self, token_id: int, logprob: TokenIdLogprob | None) -> None:
         if token_id in self._skip:
