@@ -13,8 +13,8 @@ import pandas as pd
 from nbresponses.traffic.access import field
 from nbresponses.traffic.lookup import ResponseLookup
 
-from ._fold import parts_of_response
 from ._inputs import CollectedResponse, collect
+from ._parts import parts_of_response
 from ._streams import stream_response
 
 __all__ = ["SAMPLES_COLUMNS", "samples_frame"]
