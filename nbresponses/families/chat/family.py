@@ -238,10 +238,10 @@ class ChatOutputReader:
                     b.arguments_delta(ev.text)
             elif isinstance(ev, End):
                 if ev.kind == "tool_call":
-                    b.close_call(ev.arguments, "completed" if ev.valid else "incomplete")
+                    b.end_call(ev.arguments, "completed" if ev.valid else "incomplete")
                     self._calls += 1
                 else:
-                    b.close("incomplete" if self._cut else "completed")
+                    b.end_item("incomplete" if self._cut else "completed")
                 self._carry.clear()
 
 

@@ -265,9 +265,9 @@ class HarmonyOutputReader:
         status: ItemStatus = "incomplete" if ev.cut_off else "completed"
         tool = self._tools.get(ev.kind)
         if ev.kind in ("reasoning", "text"):
-            b.close(status)
+            b.end_item(status)
         elif ev.kind == "function_call":
-            b.close_call(ev.text, "completed" if ev.valid and not ev.cut_off else "incomplete")
+            b.end_call(ev.text, "completed" if ev.valid and not ev.cut_off else "incomplete")
         elif tool is not None:
             if ev.cut_off:
                 self._give_up(ev)
@@ -281,7 +281,7 @@ class HarmonyOutputReader:
         tool = self._tools[call.kind]
         if not tool.streams_input:
             self._b.open_tool(call.kind, tool.opening(ToolCall(call.name, call.text)))
-        self._b.close_tool("incomplete")
+        self._b.end_tool("incomplete")
 
     # -- built-in tools ----------------------------------------------------------------------
 
@@ -297,7 +297,7 @@ class HarmonyOutputReader:
         b.tool_running()
         answer = await tool.run(call)
         shown = tool.answer_include is None or tool.answer_include in self._include
-        b.close_tool("completed" if answer.ok else "failed", answer.item if shown else None)
+        b.end_tool("completed" if answer.ok else "failed", answer.item if shown else None)
         if not shown and answer.item:
             self.replay[item.id] = type(item).model_validate({**item.model_dump(), **answer.item})
         channel = segment.channel or "analysis"
