@@ -184,13 +184,13 @@ class Clock:
         constraints.RowConstraint.admit = self._admit  # type: ignore[method-assign]
 
 
-async def _one(engine, prompt, params) -> int:
-    steps = [step async for step in engine.generate(prompt, params)]
+async def _one(generator, prompt, params) -> int:
+    steps = [step async for step in generator.generate(prompt, params)]
     assert steps[-1].stats is not None
     return steps[-1].stats.output_tokens
 
 
-async def mask_cost(engine, family, tokenizer, rounds: int, max_tokens: int) -> None:
+async def mask_cost(generator, family, tokenizer, rounds: int, max_tokens: int) -> None:
     text = chat_grammar(
         answer=SCHEMA, tools=[], mode="none", forced_tool=None, parallel=True, prefill=""
     )
@@ -215,13 +215,13 @@ async def mask_cost(engine, family, tokenizer, rounds: int, max_tokens: int) -> 
             (ids(f"{PROMPT} Number {i}."), constrained if i % 2 == 0 else free) for i in range(16)
         ],
     }
-    await _one(engine, ids("Hi"), free)  # warm-up
+    await _one(generator, ids("Hi"), free)  # warm-up
     results: dict[str, list[tuple[float, float, int]]] = {k: [] for k in cases}
     for _ in range(rounds):
         for name, jobs in cases.items():
             with Clock() as clock:
                 t0 = time.perf_counter()
-                counts = await asyncio.gather(*(_one(engine, p, s) for p, s in jobs))
+                counts = await asyncio.gather(*(_one(generator, p, s) for p, s in jobs))
                 wall = time.perf_counter() - t0
             results[name].append((clock.seconds, wall, sum(counts)))
     for name, runs in results.items():
@@ -242,13 +242,13 @@ async def main() -> None:
     args = parser.parse_args()
     prepared = prepare_model(None, progress=False)
     tokenizer = prepared.load_tokenizer()
-    engine = TokenGenerator(prepared, prefix_cache_bytes=0)
-    family = ChatFamily(tokenizer, eos_token_ids=engine.eos_token_ids)
+    generator = TokenGenerator(prepared, prefix_cache_bytes=0)
+    family = ChatFamily(tokenizer, eos_token_ids=generator.eos_token_ids)
     compare_engines(family, tokenizer, args.xgrammar_path)
     try:
-        await mask_cost(engine, family, tokenizer, args.rounds, args.max_tokens)
+        await mask_cost(generator, family, tokenizer, args.rounds, args.max_tokens)
     finally:
-        await engine.aclose()
+        await generator.aclose()
 
 
 if __name__ == "__main__":

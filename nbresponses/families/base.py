@@ -3,7 +3,7 @@
 A ``Family`` is what differs between a chat-template model (SmolLM2, Qwen, ...) and a
 gpt-oss model speaking harmony: which requests it can honour (``check``), how a conversation
 becomes prompt ids and stop ids (``render``), and how generated tokens become protocol events
-(the ``Decoder`` a rendered prompt makes for one response). The service only talks to these
+(the ``OutputReader`` a rendered prompt makes for one response). The service only talks to these
 protocols, so it holds no branch per model family. ``registry.select_family`` picks one.
 """
 
@@ -18,7 +18,7 @@ from nbresponses.protocol.request import CreateRequest
 from nbresponses.tokens.contract import ConstraintFactory, TokenIdLogprob
 
 
-class Decoder(Protocol):
+class OutputReader(Protocol):
     """Turns one response's generated tokens into builder calls, across tool rounds."""
 
     @property
@@ -62,19 +62,19 @@ class RenderedPrompt:
 
     ids: list[int]
     stop_token_ids: tuple[int, ...]
-    decoder: Callable[[EventBuilder], Decoder]
+    output_reader: Callable[[EventBuilder], OutputReader]
     constraint: ConstraintFactory | None = None
 
 
 class Family(Protocol):
     name: str
 
-    def check(self, req: CreateRequest, history: Sequence[Any]) -> None:
+    def check(self, req: CreateRequest, conversation: Sequence[Any]) -> None:
         """Raise a 400 for anything in the request this kind of model cannot honour."""
         ...
 
-    def render(self, req: CreateRequest, history: Sequence[Any]) -> RenderedPrompt:
-        """``history`` is the conversation so far: earlier turns, then the request's input."""
+    def render(self, req: CreateRequest, conversation: Sequence[Any]) -> RenderedPrompt:
+        """The conversation so far: earlier turns, then the request's input."""
         ...
 
     # -- text, for scoring given text --------------------------------------------------------

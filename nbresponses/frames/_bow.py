@@ -16,8 +16,8 @@ import pandas as pd
 from nbresponses.traffic.access import field
 from nbresponses.traffic.lookup import ResponseLookup
 
-from ._fold import iter_parts
 from ._inputs import collect
+from ._parts import iter_parts
 
 __all__ = ["BOW_HINT", "bow_terms", "span_term", "word_start_masses"]
 

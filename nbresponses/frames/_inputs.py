@@ -27,7 +27,7 @@ from nbresponses.traffic.access import kind_of
 from nbresponses.traffic.events import STARTED
 from nbresponses.traffic.lookup import ResponseLookup, find_in, stored
 
-__all__ = ["ResponseSource", "Source", "StreamSource", "collect"]
+__all__ = ["Collected", "CollectedResponse", "CollectedStream", "collect"]
 
 
 def _stored_ids(obj: Any) -> list[str] | None:
@@ -43,14 +43,14 @@ def _stored_ids(obj: Any) -> list[str] | None:
 
 
 @dataclass
-class ResponseSource:
+class CollectedResponse:
     """A complete (non-streamed, or already folded) Response."""
 
     response: Any
 
 
 @dataclass
-class StreamSource:
+class CollectedStream:
     """The events of one stream in arrival order, with receive times (NaN when unknown)."""
 
     index: int
@@ -58,7 +58,7 @@ class StreamSource:
     times: list[float] = field(default_factory=list)
 
 
-Source = ResponseSource | StreamSource
+Collected = CollectedResponse | CollectedStream
 
 
 def _is_pair(obj: Any) -> bool:
@@ -78,8 +78,8 @@ def _is_group(obj: Any) -> bool:
 class _Collector:
     def __init__(self, lookup: ResponseLookup | None) -> None:
         self.lookup = lookup
-        self.sources: list[Source] = []
-        self.stream: StreamSource | None = None
+        self.collected: list[Collected] = []
+        self.stream: CollectedStream | None = None
         self.streams = 0
         self.last_seq: int | None = None
 
@@ -93,9 +93,9 @@ class _Collector:
         if self.stream is not None and (restart or get(event, "type") in STARTED):
             self.end_stream()
         if self.stream is None:
-            self.stream = StreamSource(index=self.streams)
+            self.stream = CollectedStream(index=self.streams)
             self.streams += 1
-            self.sources.append(self.stream)
+            self.collected.append(self.stream)
         self.stream.events.append(event)
         self.stream.times.append(time)
         if isinstance(seq, int):
@@ -114,7 +114,7 @@ class _Collector:
             self.add_event(obj, time)
         elif kind == "response":
             self.end_stream()
-            self.sources.append(ResponseSource(obj))
+            self.collected.append(CollectedResponse(obj))
         elif _is_group(obj):
             self.end_stream()
             for item in obj:
@@ -130,7 +130,7 @@ class _Collector:
 
 def collect(
     obj: Any, times: Sequence[float] | None = None, lookup: ResponseLookup | None = None
-) -> list[Source]:
+) -> list[Collected]:
     """Responses and streams found in ``obj``, in input order; ids are read through ``lookup``
     (default: the registry, ``nbresponses.traffic.lookup.stored``)."""
     if lookup is not None and not isinstance(lookup, ResponseLookup):
@@ -138,10 +138,10 @@ def collect(
     collector = _Collector(lookup)
     if times is None:
         collector.add(obj)
-        return collector.sources
+        return collector.collected
     items = [obj] if kind_of(obj) != "unknown" else list(obj)
     if len(items) != len(times):
         raise ValueError(f"times= has {len(times)} entries for {len(items)} events")
     for item, time in zip(items, times, strict=True):
         collector.add(item, math.nan if time is None else float(time))
-    return collector.sources
+    return collector.collected

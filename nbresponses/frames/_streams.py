@@ -8,12 +8,12 @@ from typing import Any
 from nbresponses.traffic.access import field
 from nbresponses.traffic.events import snapshot_rank
 
-from ._inputs import StreamSource
+from ._inputs import CollectedStream
 
 __all__ = ["first_time", "stream_response", "stream_response_id"]
 
 
-def stream_response(stream: StreamSource) -> Any | None:
+def stream_response(stream: CollectedStream) -> Any | None:
     """The most final Response snapshot the stream carries (terminal > in_progress > created)."""
     best, best_rank = None, -1
     for event in stream.events:
@@ -24,7 +24,7 @@ def stream_response(stream: StreamSource) -> Any | None:
     return best
 
 
-def stream_response_id(stream: StreamSource) -> str | None:
+def stream_response_id(stream: CollectedStream) -> str | None:
     """The id of the first Response snapshot in the stream (lifecycle events carry one)."""
     for event in stream.events:
         snapshot = field(event, "response")

@@ -13,7 +13,7 @@ from nbresponses.traffic.access import field
 from nbresponses.traffic.lookup import ResponseLookup
 
 from ._columns import categorical, nullable_int
-from ._inputs import StreamSource, collect
+from ._inputs import CollectedStream, collect
 from ._streams import first_time, stream_response_id
 
 __all__ = ["EVENTS_COLUMNS", "events_frame"]
@@ -67,7 +67,7 @@ def events_frame(
     streams = [
         s
         for s in collect(events, None if times is None else list(times), lookup)
-        if isinstance(s, StreamSource)
+        if isinstance(s, CollectedStream)
     ]
     rows: dict[str, list[Any]] = {name: [] for name in EVENTS_COLUMNS}
     for stream in streams:

@@ -15,9 +15,9 @@ from nbresponses.traffic.access import field, getter
 from nbresponses.traffic.lookup import ResponseLookup
 
 from ._columns import categorical, nullable_int, repeat_categorical, string
-from ._fold import Part, iter_parts
 from ._gc import gc_paused
 from ._inputs import collect
+from ._parts import Part, iter_parts
 from ._topk import TopK, flat_tokens, row_stats, top_matrix
 from ._utf8 import part_text
 

@@ -13,8 +13,8 @@ import pandas as pd
 from nbresponses.traffic.access import field
 from nbresponses.traffic.lookup import ResponseLookup
 
-from ._fold import parts_of_response
-from ._inputs import ResponseSource, collect
+from ._inputs import CollectedResponse, collect
+from ._parts import parts_of_response
 from ._streams import stream_response
 
 __all__ = ["SAMPLES_COLUMNS", "samples_frame"]
@@ -113,9 +113,9 @@ def samples_frame(
     without logprobs).
     """
     completions = []
-    for source in collect(obj, lookup=lookup):
+    for entry in collect(obj, lookup=lookup):
         response = (
-            source.response if isinstance(source, ResponseSource) else stream_response(source)
+            entry.response if isinstance(entry, CollectedResponse) else stream_response(entry)
         )
         if response is not None:
             completions.append(_completion(response))

@@ -13,7 +13,7 @@ from nbresponses.traffic.access import field
 from nbresponses.traffic.lookup import ResponseLookup
 
 from ._columns import categorical, nullable_int, string
-from ._inputs import ResponseSource, StreamSource, collect
+from ._inputs import CollectedResponse, CollectedStream, collect
 from ._streams import first_time, stream_response
 
 __all__ = ["USAGE_COLUMNS", "usage_frame"]
@@ -54,7 +54,7 @@ def _dig(obj: Any, path: tuple[str, ...]) -> float:
     return float(obj) if isinstance(obj, (int, float)) else math.nan
 
 
-def _timing(stream: StreamSource, output_tokens: float) -> tuple[float, float, float]:
+def _timing(stream: CollectedStream, output_tokens: float) -> tuple[float, float, float]:
     """Time to first token, duration, and output tokens per second after the first token."""
     start = first_time(stream.times)
     end = next((t for t in reversed(stream.times) if not math.isnan(t)), math.nan)
@@ -71,7 +71,7 @@ def _timing(stream: StreamSource, output_tokens: float) -> tuple[float, float, f
     return first_delta - start, end - start, rate
 
 
-def _row(response: Any, stream: StreamSource | None) -> dict[str, Any]:
+def _row(response: Any, stream: CollectedStream | None) -> dict[str, Any]:
     usage = field(response, "usage")
     row: dict[str, Any] = {
         "response_id": field(response, "id"),
@@ -121,11 +121,11 @@ def usage_frame(
     nbresponses keeps it on the Response), NA otherwise.
     """
     rows = []
-    for source in collect(objs, None if times is None else list(times), lookup):
-        if isinstance(source, ResponseSource):
-            rows.append(_row(source.response, None))
+    for entry in collect(objs, None if times is None else list(times), lookup):
+        if isinstance(entry, CollectedResponse):
+            rows.append(_row(entry.response, None))
         else:
-            rows.append(_row(stream_response(source), source))
+            rows.append(_row(stream_response(entry), entry))
     column = {name: [row[name] for row in rows] for name in USAGE_COLUMNS}
     frame = {
         "response_id": string(column["response_id"]),

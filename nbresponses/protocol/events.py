@@ -182,8 +182,8 @@ class EventBuilder:
         error: str | None = None,
         incomplete_reason: str | None = None,
     ) -> None:
-        """Close what is open and emit the terminal event (none for cancelled: OpenAI has none)."""
-        self.close(status="completed" if status == "completed" else "incomplete")
+        """End what is open and emit the terminal event (none for cancelled: OpenAI has none)."""
+        self.end_item(status="completed" if status == "completed" else "incomplete")
         r = self.response
         r.status = status
         r.usage = usage
@@ -205,23 +205,23 @@ class EventBuilder:
 
     # -- items ----------------------------------------------------------------------------
 
-    def close(self, status: ItemStatus = "completed") -> None:
+    def end_item(self, status: ItemStatus = "completed") -> None:
         """Finish the open item (if any) with the given status."""
         if self._item is None:
             return
         kind = self._item.type
         if kind == "message":
-            self._close_message(status)
+            self._end_message(status)
         elif kind == "reasoning":
-            self._close_reasoning(status)
+            self._end_reasoning(status)
         elif kind in TOOL_EVENTS:
-            self.close_tool(status)
+            self.end_tool(status)
         else:
-            self.close_call(self._item.arguments, status)
+            self.end_call(self._item.arguments, status)
 
     def open_message(self, phase: Phase | None = None) -> None:
         """A new assistant message; ``phase`` labels harmony's commentary vs final answers."""
-        self.close()
+        self.end_item()
         message = ResponseOutputMessage(
             type="message", id=new_id("msg"), role="assistant", status="in_progress", content=[]
         )
@@ -255,7 +255,7 @@ class EventBuilder:
             logprobs=[lp.for_delta() for lp in logprobs],
         )
 
-    def _close_message(self, status: ItemStatus) -> None:
+    def _end_message(self, status: ItemStatus) -> None:
         part = self._item.content[0]
         self._content_event(
             ResponseTextDoneEvent,
@@ -268,7 +268,7 @@ class EventBuilder:
         self._item_done()
 
     def open_reasoning(self) -> None:
-        self.close()
+        self.end_item()
         self._add(
             ResponseReasoningItem(
                 type="reasoning", id=new_id("rs"), summary=[], content=[], status="in_progress"
@@ -286,7 +286,7 @@ class EventBuilder:
             ResponseReasoningTextDeltaEvent, "response.reasoning_text.delta", delta=text
         )
 
-    def _close_reasoning(self, status: ItemStatus) -> None:
+    def _end_reasoning(self, status: ItemStatus) -> None:
         self._content_event(
             ResponseReasoningTextDoneEvent, "response.reasoning_text.done", text=self._text
         )
@@ -300,7 +300,7 @@ class EventBuilder:
         self._item_done()
 
     def open_call(self, name: str) -> None:
-        self.close()
+        self.end_item()
         self._add(
             ResponseFunctionToolCall(
                 type="function_call",
@@ -320,7 +320,7 @@ class EventBuilder:
             delta=text,
         )
 
-    def close_call(self, arguments: str, status: ItemStatus) -> None:
+    def end_call(self, arguments: str, status: ItemStatus) -> None:
         self._item.arguments = arguments
         self._item_event(
             ResponseFunctionCallArgumentsDoneEvent,
@@ -338,7 +338,7 @@ class EventBuilder:
     def open_tool(self, kind: str, fields: dict[str, Any]) -> None:
         """A built-in tool call's item (``kind``: its item type; ``fields``: what the tool
         says the item holds when it opens: code, container, action...)."""
-        self.close()
+        self.end_item()
         tool = registry.for_item_type(kind)
         assert tool is not None, f"no built-in tool makes {kind!r} items"
         item = {"type": kind, "id": new_id(tool.id_prefix), "status": "in_progress", **fields}
@@ -369,7 +369,7 @@ class EventBuilder:
         self._item.status = spec.running_status
         self._tool_event(spec.running)
 
-    def close_tool(self, status: ToolStatus, fields: dict[str, Any] | None = None) -> None:
+    def end_tool(self, status: ToolStatus, fields: dict[str, Any] | None = None) -> None:
         """Finish the call: "completed" when it ran, else "failed" or never run ("incomplete");
         ``fields`` (the tool's answer: outputs, the action with its URL) update the item."""
         self.tool_input_done()

@@ -72,8 +72,9 @@ class GenerationStream:
     """One request's steps, as an async iterator (a ``TokenStream``). Cancelling its consumer
     frees the batch row.
 
-    ``cancel()`` (or ``engine.cancel(stream)``) ends it with a final ``finish_reason="cancelled"``
-    step; the final step carries the request's stats; ``request_id`` identifies it in logs.
+    ``cancel()`` (or ``generator.cancel(stream)``) ends it with a final
+    ``finish_reason="cancelled"`` step; the final step carries the request's stats;
+    ``request_id`` identifies it in logs.
     """
 
     def __init__(self, scheduler: Scheduler, request: Request, queue: asyncio.Queue[Step]) -> None:
@@ -248,7 +249,7 @@ class TokenGenerator:
 
     def together(self, count: int) -> AdmissionGate:
         """Hold the next ``count`` ``generate`` calls and queue their requests at once, when
-        the last one comes or the gate is released (``with engine.together(n): ...``), so they
+        the last one comes or the gate is released (``with generator.together(n): ...``), so they
         are admitted in one round (as many as the batch takes) and identical prompts among them
         are prefilled once: ``n`` samples of one prompt share its KV. Call it from the event
         loop that makes the requests."""

@@ -193,7 +193,7 @@ class AsyncResponses:
         context = self._context(req)
         prompt = self._render(req, context)
         params = self._params(req, prompt)
-        generation = Generation(client.source, prompt.ids, params, prompt.decoder)
+        generation = Generation(client.source, prompt.ids, params, prompt.output_reader)
         stored = req.store and client.keeps
         run = ResponseRun(
             self._response(req),
@@ -206,7 +206,7 @@ class AsyncResponses:
         return run
 
     def _context(self, req: CreateRequest) -> list[Any]:
-        """The conversation before this request: its ``previous_response_id``'s history."""
+        """The conversation before this request: the parent's, through the parent's output."""
         if req.previous_response_id is None:
             return []
         parent = self._client.store.parent(req.previous_response_id)
@@ -227,20 +227,20 @@ class AsyncResponses:
                 "stored, so it cannot be continued.",
                 param="previous_response_id",
             )
-        return parent.history()
+        return parent.conversation()
 
     def _render(self, req: CreateRequest, context: list[Any]) -> RenderedPrompt:
         """The family's prompt for the conversation so far and this request's input."""
         client = self._client
         check_call_outputs(context, req.input)
-        history = [*context, *req.input]
-        if not history:
+        conversation = [*context, *req.input]
+        if not conversation:
             raise bad_request(
                 "'input' is empty: give a message (or items) for the model to answer.",
                 param="input",
             )
-        client.family.check(req, history)
-        prompt = client.family.render(req, history)
+        client.family.check(req, conversation)
+        prompt = client.family.render(req, conversation)
         if len(prompt.ids) >= client.source.context_length:
             raise bad_request(
                 f"The prompt has {len(prompt.ids)} tokens; this model's context holds "

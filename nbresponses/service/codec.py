@@ -101,7 +101,7 @@ def from_rows(rows: Sequence[Mapping[str, Any]], *, chain: bool) -> Record:
         complete = rows[0]["previous_response_id"] is None
         context: list[Any] = []
         for ancestor in rows[:-1]:
-            context = from_rows([ancestor], chain=False).history(context)
+            context = from_rows([ancestor], chain=False).conversation(context)
         record.context = context
         record.partial = not complete
     else:

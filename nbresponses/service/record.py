@@ -21,10 +21,10 @@ class Record:
     provenance: dict[str, Any] | None = None  # the model that made it: name, recipe, hash
     partial: bool = False  # read from disk without the conversation before it
 
-    def history(self, context: list[Any] | None = None) -> list[Any]:
+    def conversation(self, context: list[Any] | None = None) -> list[Any]:
         """The conversation through this response's output: what a child continues from.
 
-        Output items are taken as the model saw them (``decoder.replay``): e.g. a code
+        Output items are taken as the model saw them (``output_reader.replay``): e.g. a code
         interpreter call keeps its logs for the next turn even when the response leaves its
         ``outputs`` out.
         """

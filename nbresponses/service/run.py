@@ -1,9 +1,9 @@
-"""One response being generated: the token loop, the format's decoder, the event log.
+"""One response being generated: the token loop, the format's output reader, the event log.
 
 The run drives ``TokenSource.generate`` in its own asyncio task, feeds every token to the
-format's ``Decoder`` (which writes through the run's event builder) and appends every event to
+format's ``OutputReader`` (which writes through the run's event builder) and appends every event to
 a log; nothing else writes the response or the log (the client only builds and stores it). When the
-decoder has a built-in tool's answer to send (gpt-oss), the run generates again from prompt +
+output reader has a built-in tool's answer to send (gpt-oss), the run generates again from prompt +
 output + answer, within the same response and token budget. Streams (the creator's, or
 ``retrieve(stream=True, starting_after=N)`` readers) follow the log by sequence number, so a
 late reader replays exactly the events after N and then continues live. Cancelling the task
@@ -22,7 +22,7 @@ from typing import Any
 
 from openai.types.responses import Response, ResponseStreamEvent
 
-from nbresponses.families.base import Decoder
+from nbresponses.families.base import OutputReader
 from nbresponses.protocol.events import EventBuilder
 from nbresponses.protocol.usage import build_usage
 from nbresponses.tokens.contract import (
@@ -56,7 +56,7 @@ class Generation:
     source: TokenSource
     prompt_ids: Sequence[int]
     params: SamplingParams
-    decoder: Callable[[EventBuilder], Decoder]
+    output_reader: Callable[[EventBuilder], OutputReader]
 
 
 class ResponseRun:
@@ -64,7 +64,7 @@ class ResponseRun:
 
     Every event goes through the run's own builder, in order: ``created`` (and ``queued`` for
     a background response) when it is made, ``in_progress`` and the terminal event from its
-    task, and between them what the format's decoder writes through the builder it was handed.
+    task, and between them what the format's output reader writes through the builder it was handed.
     A background response keeps its log for ``retrieve(stream=True)``; any other drops it when
     done (its readers hold it already). The slots are all it holds (``footprint_parts``).
     """
@@ -72,10 +72,10 @@ class ResponseRun:
     __slots__ = (
         "_builder",
         "_changed",
-        "_decoder",
         "_gen",
         "_keeps_log",
         "_on_done",
+        "_output_reader",
         "_replay",
         "done",
         "events",
@@ -100,7 +100,9 @@ class ResponseRun:
         self.events: list[ResponseStreamEvent] = list(events)
         self._builder = EventBuilder(response, self._append)
         self._gen = generation  # dropped when the run ends (see _release)
-        self._decoder = None if generation is None else generation.decoder(self._builder)
+        self._output_reader = (
+            None if generation is None else generation.output_reader(self._builder)
+        )
         self._replay: Mapping[str, Any] = dict(replay or {})
         self._keeps_log = bool(response.background)  # only a background response replays
         self._on_done = on_done
@@ -139,27 +141,27 @@ class ResponseRun:
 
     @property
     def replay(self) -> Mapping[str, Any]:
-        """Output items as the model saw them, by item id (see ``Decoder.replay``)."""
-        return self._replay if self._decoder is None else self._decoder.replay
+        """Output items as the model saw them, by item id (see ``OutputReader.replay``)."""
+        return self._replay if self._output_reader is None else self._output_reader.replay
 
     def footprint_parts(self) -> list[Any]:
         """What a finished run holds, for the store's memory count (``footprint`` walks these;
         the record counts the response and its items): the run's slots, its event log, the
         items as the model saw them, the engine's timings, its task and callback, and its
         builder and two ``asyncio.Event``s with their attributes. Generation's parts (the
-        source, the prompt, the decoder) are dropped by then (``_release``)."""
+        source, the prompt, the output reader) are dropped by then (``_release``)."""
         helpers = (self._builder, self.done, self._changed)
         parts = [self, self.events, self._replay, self.timings, self.task, self._on_done]
         return [*parts, *helpers, *(vars(h) for h in helpers)]
 
     def _release(self) -> None:
         """Forget what only generation needs: the prompt ids (a chain's prompts grow with every
-        turn) and the decoder's token buffers, and the log of a response that cannot be
+        turn) and the output reader's token buffers, and the log of a response that cannot be
         streamed again (its readers hold the list). A stored record then holds what the store
         measures: the response, its items and (background) its events."""
-        if self._decoder is not None:
-            self._replay = dict(self._decoder.replay)
-        self._decoder = None
+        if self._output_reader is not None:
+            self._replay = dict(self._output_reader.replay)
+        self._output_reader = None
         self._gen = None
         if not self._keeps_log:
             self.events = []
@@ -180,9 +182,9 @@ class ResponseRun:
         if self.done.is_set() or self._gen is None:
             return
         prompt_tokens = len(self._gen.prompt_ids)
-        if self._decoder is not None:
+        if self._output_reader is not None:
             with contextlib.suppress(Exception):
-                self._decoder.finish(cut=True)
+                self._output_reader.finish(cut=True)
         usage = build_usage(
             input_tokens=prompt_tokens, cached_tokens=0, output_tokens=0, reasoning_tokens=0
         )
@@ -234,8 +236,8 @@ class ResponseRun:
 
     async def _run(self) -> None:
         b = self._builder
-        decoder, gen = self._decoder, self._gen
-        assert decoder is not None and gen is not None, "a run starts once"
+        output_reader, gen = self._output_reader, self._gen
+        assert output_reader is not None and gen is not None, "a run starts once"
         source = gen.source
         started = time.perf_counter()
         stats = GenerationStats()  # summed over rounds
@@ -253,13 +255,13 @@ class ResponseRun:
                     finish = "length"
                     break
                 params = dataclasses.replace(gen.params, max_tokens=budget)
-                done = await self._round(source, decoder, prompt, params)
+                done = await self._round(source, output_reader, prompt, params)
                 output_tokens += len(done.generated)
                 stats = _add_stats(stats, done.stats, len(prompt))
                 finish, error = done.finish, done.error
                 if finish != "stop":
                     break
-                more = await decoder.follow_up()
+                more = await output_reader.follow_up()
                 if more is None:
                     break
                 prompt = [*prompt, *done.generated, *more]
@@ -268,14 +270,14 @@ class ResponseRun:
         except Exception as exc:  # a tool runner failed: this response fails, nothing else
             finish, error = "error", f"{type(exc).__name__}: {exc}"
         try:
-            decoder.finish(cut=finish != "stop")  # what is still open was cut off
+            output_reader.finish(cut=finish != "stop")  # what is still open was cut off
             # Output is counted from the steps received (exact when the engine stops early);
             # input falls back to the rendered prompt's length if the engine did not say.
             usage = build_usage(
                 input_tokens=stats.prompt_tokens or len(gen.prompt_ids),
                 cached_tokens=stats.cached_tokens,
                 output_tokens=output_tokens,
-                reasoning_tokens=decoder.reasoning_tokens,
+                reasoning_tokens=output_reader.reasoning_tokens,
             )
             if finish == "stop":
                 b.finish("completed", usage)
@@ -287,17 +289,17 @@ class ResponseRun:
                 b.finish("failed", usage, error=error)
         finally:
             with contextlib.suppress(Exception, asyncio.CancelledError):
-                await decoder.aclose()
+                await output_reader.aclose()
             self._settle(_timings(stats, started))
 
     async def _round(
         self,
         source: TokenSource,
-        decoder: Decoder,
+        output_reader: OutputReader,
         prompt: list[int],
         params: SamplingParams,
     ) -> Round:
-        """One engine request, its tokens fed to the decoder."""
+        """One engine request, its tokens fed to the output reader."""
         try:
             steps = source.generate(prompt, params)
         except Exception as exc:  # refused (the prompt, the settings): this response fails
@@ -309,11 +311,11 @@ class ResponseRun:
                 logprobs = step.logprobs or ()
                 for i, token in enumerate(step.token_ids):
                     generated.append(token)
-                    decoder.feed(token, logprobs[i] if i < len(logprobs) else None)
+                    output_reader.feed(token, logprobs[i] if i < len(logprobs) else None)
                 if step.finish_reason is not None:
                     finish, error, stats = step.finish_reason, step.error, step.stats
                     break
-                if decoder.stop:
+                if output_reader.stop:
                     # one call was asked for and it is complete (if the budget closed it, the
                     # response is cut short all the same)
                     finish = "length" if step.closed else "stop"

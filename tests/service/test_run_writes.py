@@ -30,7 +30,7 @@ async def test_a_run_alone_writes_every_event_of_its_log(tokenizer, background):
     settled: list[tuple[bool, list]] = []  # what the callback saw: done yet, the log
     run = ResponseRun(
         response,
-        Generation(source, prompt.ids, params, prompt.decoder),
+        Generation(source, prompt.ids, params, prompt.output_reader),
         on_done=lambda r: settled.append((r.done.is_set(), list(r.events))),
     )
     first = ["response.created", *(["response.queued"] if background else [])]

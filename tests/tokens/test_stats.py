@@ -44,7 +44,7 @@ async def test_a_stream_stopped_early_still_gives_its_stats() -> None:
 async def test_one_function_call_stops_the_generation_and_keeps_the_engine_counts(
     tokenizer,
 ) -> None:
-    """The decoder stops the round after one call; usage still has the engine's cached count."""
+    """The output reader stops the round after one call; usage keeps the engine's cached count."""
     call = tool_call("get_weather", {"city": "Bern"})
     script = Script(ids(tokenizer, call + "\n" + call), cached_tokens=5)
     client, source = scripted(tokenizer, script)

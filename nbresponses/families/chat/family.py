@@ -69,7 +69,7 @@ class ChatFamily:
             )
         return self._grammar_tokenizer
 
-    def check(self, req: CreateRequest, history: Sequence[Any]) -> None:
+    def check(self, req: CreateRequest, conversation: Sequence[Any]) -> None:
         for i, tool in enumerate(req.all_tools):
             if not isinstance(tool, FunctionTool):
                 raise unsupported(f"tools[{i}]", f"tool type {tool.type!r} {HARMONY_ONLY}.")
@@ -99,11 +99,11 @@ class ChatFamily:
     def token_logprob(self, logprob: TokenIdLogprob) -> TokenLogprob:
         return protocol_logprob(logprob, self._bytes)
 
-    def render(self, req: CreateRequest, history: Sequence[Any]) -> RenderedPrompt:
+    def render(self, req: CreateRequest, conversation: Sequence[Any]) -> RenderedPrompt:
         tools = [tool_schema(t.name, t.description, t.parameters) for t in req.tools]
         prompt = render(
             self.tokenizer,
-            to_chat(history, req.instructions),
+            to_chat(conversation, req.instructions),
             tools=tools,
             tool_mode=req.tool_mode,  # type: ignore[arg-type]
             forced_tool=req.forced_tool,
@@ -131,8 +131,8 @@ class ChatFamily:
         )
         constraint = Grammar.lark(self.grammar_tokenizer(), grammar, guard) if grammar else None
 
-        def decoder(builder: EventBuilder) -> ChatDecoder:
-            return ChatDecoder(
+        def output_reader(builder: EventBuilder) -> ChatOutputReader:
+            return ChatOutputReader(
                 builder,
                 self.tokenizer,
                 self._bytes,
@@ -144,11 +144,14 @@ class ChatFamily:
             )
 
         return RenderedPrompt(
-            ids=prompt.ids, stop_token_ids=self._eos, decoder=decoder, constraint=constraint
+            ids=prompt.ids,
+            stop_token_ids=self._eos,
+            output_reader=output_reader,
+            constraint=constraint,
         )
 
 
-class ChatDecoder:
+class ChatOutputReader:
     """Detokenizer + text parser → builder calls, with exact token attribution."""
 
     def __init__(
@@ -235,10 +238,10 @@ class ChatDecoder:
                     b.arguments_delta(ev.text)
             elif isinstance(ev, End):
                 if ev.kind == "tool_call":
-                    b.close_call(ev.arguments, "completed" if ev.valid else "incomplete")
+                    b.end_call(ev.arguments, "completed" if ev.valid else "incomplete")
                     self._calls += 1
                 else:
-                    b.close("incomplete" if self._cut else "completed")
+                    b.end_item("incomplete" if self._cut else "completed")
                 self._carry.clear()
 
 

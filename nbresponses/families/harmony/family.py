@@ -82,7 +82,7 @@ class HarmonyFamily:
         # end-of-text ids the engine may stop on that harmony's grammar does not read
         self._skip = frozenset(eos_token_ids) - set(self._stops)
 
-    def check(self, req: CreateRequest, history: Sequence[Any]) -> None:
+    def check(self, req: CreateRequest, conversation: Sequence[Any]) -> None:
         output_schema(req)  # a 400 for a schema (or tool schema) that cannot be enforced
         if req.tool_mode != "none":
             tool_schemas(req)
@@ -101,7 +101,7 @@ class HarmonyFamily:
     def token_logprob(self, logprob: TokenIdLogprob) -> TokenLogprob:
         return protocol_logprob(logprob, self._bytes)
 
-    def render(self, req: CreateRequest, history: Sequence[Any]) -> RenderedPrompt:
+    def render(self, req: CreateRequest, conversation: Sequence[Any]) -> RenderedPrompt:
         tools_on = req.tool_mode != "none"
         given = {
             registry.for_request_type(t.type): t for t in req.builtin_tools if tools_on
@@ -109,7 +109,7 @@ class HarmonyFamily:
         try:
             prompt = render_request(
                 self.encoding,
-                list(history),
+                list(conversation),
                 instructions=req.instructions,
                 tools=[t.model_dump(exclude_none=True) for t in req.tools] if tools_on else [],
                 reasoning=req.reasoning,
@@ -124,13 +124,13 @@ class HarmonyFamily:
             ) from None
         limit = min(self.max_tool_calls, req.max_tool_calls or self.max_tool_calls)
 
-        def decoder(builder: EventBuilder) -> HarmonyDecoder:
+        def output_reader(builder: EventBuilder) -> HarmonyOutputReader:
             settings = {**self.settings, "container_id": new_id("cntr")}  # one per response
             tools = {
                 t.item_type: t.for_response(given.get(t), **settings)
                 for t in registry.BUILTIN_TOOLS
             }
-            return HarmonyDecoder(
+            return HarmonyOutputReader(
                 builder,
                 self.encoding,
                 self._bytes,
@@ -146,11 +146,11 @@ class HarmonyFamily:
         guard = Guard(req.repetition_guard)  # harmony's turn is watched whole
         constraint = Grammar.lark(tokenizer, grammar, guard) if grammar is not None else None
         return RenderedPrompt(
-            prompt.token_ids, prompt.stop_token_ids, decoder, constraint=constraint
+            prompt.token_ids, prompt.stop_token_ids, output_reader, constraint=constraint
         )
 
 
-class HarmonyDecoder:
+class HarmonyOutputReader:
     """Harmony segments → builder calls; built-in calls run between generation rounds."""
 
     def __init__(
@@ -178,7 +178,7 @@ class HarmonyDecoder:
         self.reasoning_tokens = 0
         self.replay: dict[str, Any] = {}
 
-    # -- the Decoder protocol ----------------------------------------------------------------
+    # -- the OutputReader protocol ------------------------------------------------------------
 
     def feed(self, token_id: int, logprob: TokenIdLogprob | None) -> None:
         if token_id in self._skip:
@@ -265,9 +265,9 @@ class HarmonyDecoder:
         status: ItemStatus = "incomplete" if ev.cut_off else "completed"
         tool = self._tools.get(ev.kind)
         if ev.kind in ("reasoning", "text"):
-            b.close(status)
+            b.end_item(status)
         elif ev.kind == "function_call":
-            b.close_call(ev.text, "completed" if ev.valid and not ev.cut_off else "incomplete")
+            b.end_call(ev.text, "completed" if ev.valid and not ev.cut_off else "incomplete")
         elif tool is not None:
             if ev.cut_off:
                 self._give_up(ev)
@@ -281,7 +281,7 @@ class HarmonyDecoder:
         tool = self._tools[call.kind]
         if not tool.streams_input:
             self._b.open_tool(call.kind, tool.opening(ToolCall(call.name, call.text)))
-        self._b.close_tool("incomplete")
+        self._b.end_tool("incomplete")
 
     # -- built-in tools ----------------------------------------------------------------------
 
@@ -297,7 +297,7 @@ class HarmonyDecoder:
         b.tool_running()
         answer = await tool.run(call)
         shown = tool.answer_include is None or tool.answer_include in self._include
-        b.close_tool("completed" if answer.ok else "failed", answer.item if shown else None)
+        b.end_tool("completed" if answer.ok else "failed", answer.item if shown else None)
         if not shown and answer.item:
             self.replay[item.id] = type(item).model_validate({**item.model_dump(), **answer.item})
         channel = segment.channel or "analysis"

@@ -6,8 +6,8 @@ The layout follows harmony's rules:
   the valid channels, and the built-in tools the request enables (``tools/registry.py``);
 * one **developer** message, when there is anything to say: ``instructions`` (plus the text of
   leading system/developer input messages) and the function tools as a ``functions`` namespace;
-* the history: user messages; assistant messages on ``final`` (``commentary`` for messages whose
-  ``phase`` is "commentary"); ``reasoning`` items on ``analysis``; ``function_call`` items as
+* the conversation: user messages; assistant messages on ``final`` (``commentary`` for messages
+  whose ``phase`` is "commentary"); ``reasoning`` items on ``analysis``; ``function_call`` items as
   commentary messages to ``functions.NAME`` with content type ``<|constrain|>json``;
   ``function_call_output`` items as tool messages from ``functions.NAME``;
   built-in tool items as their tool replays them (``BuiltinTool.replay``: a
@@ -163,7 +163,7 @@ def _assistant(text: str, channel: str) -> Message:
     return Message.from_role_and_content(Role.ASSISTANT, text).with_channel(channel)
 
 
-class _History:
+class _Conversation:
     """Input items → harmony messages, remembering call names for their outputs."""
 
     def __init__(self) -> None:
@@ -256,10 +256,10 @@ def build_conversation(
     ``response_format`` is a ``# Response Formats`` section, placed at the end of the
     developer message as the harmony guide asks (openai-harmony has no field for it).
     """
-    history = _History()
+    conversation = _Conversation()
     items = [{"role": "user", "content": input}] if isinstance(input, str) else input
     for item in items:
-        history.add(_as_dict(item))
+        conversation.add(_as_dict(item))
     if builtin is None:
         builtin = builtin_namespaces(tools)
     messages = [
@@ -271,7 +271,7 @@ def build_conversation(
             model_identity=model_identity,
         )
     ]
-    parts = [t for t in (instructions, *history.leading_instructions) if t]
+    parts = [t for t in (instructions, *conversation.leading_instructions) if t]
     functions = function_tools(tools)
     if parts or functions:
         developer = DeveloperContent.new()
@@ -285,7 +285,7 @@ def build_conversation(
         messages.append(message)
     elif response_format:
         messages.append(Message.from_role_and_content(Role.DEVELOPER, response_format))
-    messages.extend(drop_old_analysis(history.messages))
+    messages.extend(drop_old_analysis(conversation.messages))
     return Conversation.from_messages(messages)
 
 

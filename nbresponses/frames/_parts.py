@@ -15,7 +15,7 @@ from typing import Any
 from nbresponses.traffic.access import field as get
 from nbresponses.traffic.events import GIVEN_METADATA, LIFECYCLE, TERMINAL
 
-from ._inputs import ResponseSource, Source, StreamSource
+from ._inputs import Collected, CollectedResponse, CollectedStream
 
 __all__ = ["Part", "StreamSummary", "iter_parts", "parts_of_response", "summarize_stream"]
 
@@ -67,7 +67,7 @@ def parts_of_response(response: Any) -> Iterator[Part]:
                 yield Part(rid, get(item, "id"), oi, ci, list(entries), given)
 
 
-def summarize_stream(stream: StreamSource) -> StreamSummary:
+def summarize_stream(stream: CollectedStream) -> StreamSummary:
     """One pass over the events: lifecycle Response and per-part delta/done logprobs."""
     response: Any | None = None
     terminal = False
@@ -90,7 +90,7 @@ def summarize_stream(stream: StreamSource) -> StreamSummary:
     return StreamSummary(response, terminal, parts)
 
 
-def _parts_of_stream(stream: StreamSource) -> Iterator[Part]:
+def _parts_of_stream(stream: CollectedStream) -> Iterator[Part]:
     summary = summarize_stream(stream)
     rid = get(summary.response, "id") if summary.response is not None else None
     final: dict[tuple[int, int], Part] = {}
@@ -106,10 +106,10 @@ def _parts_of_stream(stream: StreamSource) -> Iterator[Part]:
             yield Part(rid, events.item_id, key[0], key[1], entries, is_given(summary.response))
 
 
-def iter_parts(sources: list[Source]) -> Iterator[Part]:
+def iter_parts(collected: list[Collected]) -> Iterator[Part]:
     """Every output_text part with logprobs, in input order."""
-    for source in sources:
-        if isinstance(source, ResponseSource):
-            yield from parts_of_response(source.response)
+    for entry in collected:
+        if isinstance(entry, CollectedResponse):
+            yield from parts_of_response(entry.response)
         else:
-            yield from _parts_of_stream(source)
+            yield from _parts_of_stream(entry)
