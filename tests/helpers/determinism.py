@@ -27,24 +27,27 @@ class Outcome:
         return [t for s in self.steps for t in s.token_ids]
 
 
-async def run(engine: TokenGenerator, prompt: Sequence[int], params: SamplingParams) -> Outcome:
-    return Outcome(tuple([step async for step in engine.generate(prompt, params)]))
+async def run(generator: TokenGenerator, prompt: Sequence[int], params: SamplingParams) -> Outcome:
+    return Outcome(tuple([step async for step in generator.generate(prompt, params)]))
 
 
 async def run_after(
-    engine: TokenGenerator, started: asyncio.Event, prompt: Sequence[int], params: SamplingParams
+    generator: TokenGenerator, started: asyncio.Event, prompt: Sequence[int], params: SamplingParams
 ) -> Outcome:
     await started.wait()
-    return await run(engine, prompt, params)
+    return await run(generator, prompt, params)
 
 
 async def mate(
-    engine: TokenGenerator, prompt: Sequence[int], tokens: int, started: asyncio.Event | None = None
+    generator: TokenGenerator,
+    prompt: Sequence[int],
+    tokens: int,
+    started: asyncio.Event | None = None,
 ) -> Outcome:
     """A batch-mate: greedy, ``tokens`` long; sets ``started`` after its third token."""
     params = SamplingParams(max_tokens=tokens, temperature=0, logprobs=True, top_logprobs=2)
     steps = []
-    async for step in engine.generate(prompt, params):
+    async for step in generator.generate(prompt, params):
         steps.append(step)
         if started is not None and len(steps) == 3:
             started.set()
@@ -75,7 +78,7 @@ async def run_matrix(
     """Every situation in which some target's steps differ from its cold run alone."""
     failures: list[str] = []
 
-    def engine(**options) -> TokenGenerator:
+    def generator(**options) -> TokenGenerator:
         return TokenGenerator(
             prepared,
             tokenizer=tokenizer,
@@ -90,32 +93,32 @@ async def run_matrix(
 
     mate_lengths = [5 + 7 * i for i in range(len(mates))]  # mates leave at different steps
     for index, target in enumerate(targets):
-        async with engine(prefix_cache_bytes=0) as cold:
+        async with generator(prefix_cache_bytes=0) as cold:
             reference = await run(cold, target, params)
             conversation = list(target) + reference.tokens + list(follow_up)
             reference_turn = await run(cold, conversation, params)
-        async with engine() as eng:  # a restarted engine, then the same request again
+        async with generator() as eng:  # a restarted engine, then the same request again
             check("restart", index, reference, await run(eng, target, params))
             check("full prefix hit", index, reference, await run(eng, target, params))
             check("follow-up, first answer decoded", index, reference_turn,
                   await run(eng, conversation, params))  # fmt: skip
-        async with engine() as eng:
+        async with generator() as eng:
             await run(eng, target, params)
             await eng.wait_idle()  # the first answer re-computed by prefill
             check("follow-up, first answer cached", index, reference_turn,
                   await run(eng, conversation, params))  # fmt: skip
-        async with engine() as eng:
+        async with generator() as eng:
             for cut in (len(target) // 2, len(target) // 2 + 1, len(target) - 2):
                 await run(eng, list(target[:cut]) + [int(t) for t in mates[0][-3:]], params)
                 check(f"partial prefix hit of {cut}", index, reference,
                       await run(eng, target, params))  # fmt: skip
-        async with engine(prefix_cache_bytes=0) as eng:
+        async with generator(prefix_cache_bytes=0) as eng:
             results = await asyncio.gather(
                 run(eng, target, params),
                 *(mate(eng, m, n) for m, n in zip(mates, mate_lengths, strict=False)),
             )
             check(f"batched with {len(mates)} mates", index, reference, results[0])
-        async with engine(prefix_cache_bytes=0) as eng:
+        async with generator(prefix_cache_bytes=0) as eng:
             started = asyncio.Event()
             first, *rest = mates
             results = await asyncio.gather(
@@ -124,7 +127,7 @@ async def run_matrix(
                 run_after(eng, started, target, params),
             )
             check("joining mid-stream", index, reference, results[-1])
-        async with engine(prefix_cache_bytes=0) as eng:
+        async with generator(prefix_cache_bytes=0) as eng:
             fill = [mates[i % len(mates)] for i in range(max_batch_size - 1)]
             results = await asyncio.gather(
                 *(mate(eng, m, 3 + i) for i, m in enumerate(fill)), run(eng, target, params)

@@ -33,7 +33,7 @@ def torch_tiny(tiny_source):
 
 
 @pytest.fixture
-async def engine(tiny_model, tokenizer):
+async def generator(tiny_model, tokenizer):
     eng = TokenGenerator(tiny_model, tokenizer=tokenizer)
     yield eng
     await eng.aclose()
@@ -44,16 +44,16 @@ def references(torch_tiny, prompts, tokenizer):
     return [torch_greedy(torch_tiny, p, GREEDY.max_tokens, tokenizer.eos_token_id) for p in prompts]
 
 
-async def test_is_a_token_source(engine):
-    assert isinstance(engine, TokenSource)
-    assert engine.context_length == 512
-    assert list(engine.eos_token_ids) == [engine.tokenizer.eos_token_id]
+async def test_is_a_token_source(generator):
+    assert isinstance(generator, TokenSource)
+    assert generator.context_length == 512
+    assert list(generator.eos_token_ids) == [generator.tokenizer.eos_token_id]
 
 
-async def test_greedy_and_logprobs_match_pytorch(engine, torch_tiny, prompts, references):
+async def test_greedy_and_logprobs_match_pytorch(generator, torch_tiny, prompts, references):
     params = SamplingParams(max_tokens=24, temperature=0, logprobs=True, top_logprobs=5)
     for prompt, expected in zip(prompts, references, strict=True):
-        steps, stats = await collect(engine, prompt, params)
+        steps, stats = await collect(generator, prompt, params)
         got = tokens(steps)
         assert got == expected
         assert stats.prompt_tokens == len(prompt) and stats.output_tokens == len(got)
@@ -68,59 +68,59 @@ async def test_greedy_and_logprobs_match_pytorch(engine, torch_tiny, prompts, re
         assert steps[-1].finish_reason in ("length", "stop")
 
 
-async def test_no_logprobs_unless_asked(engine, prompts):
-    steps, _ = await collect(engine, prompts[0], SamplingParams(max_tokens=3, temperature=0))
+async def test_no_logprobs_unless_asked(generator, prompts):
+    steps, _ = await collect(generator, prompts[0], SamplingParams(max_tokens=3, temperature=0))
     assert all(s.logprobs is None for s in steps)
-    steps, _ = await collect(engine, prompts[0], SamplingParams(max_tokens=3, logprobs=True))
+    steps, _ = await collect(generator, prompts[0], SamplingParams(max_tokens=3, logprobs=True))
     assert all(len(s.logprobs) == 1 and s.logprobs[0].top == () for s in steps)
 
 
-async def test_batched_equals_alone(engine, prompts, references):
+async def test_batched_equals_alone(generator, prompts, references):
     """Prompts of different lengths decode together (left padding) exactly as alone."""
-    assert await run_all(engine, prompts * 3, GREEDY) == references * 3
+    assert await run_all(generator, prompts * 3, GREEDY) == references * 3
 
 
-async def test_join_and_leave_mid_batch(engine, prompts, references):
+async def test_join_and_leave_mid_batch(generator, prompts, references):
     """Requests arriving while others decode join the running batch; short ones leave early."""
     long = SamplingParams(max_tokens=60, temperature=0)
-    first = asyncio.create_task(collect(engine, prompts[4], long))
-    while engine.decode_steps < 5:
+    first = asyncio.create_task(collect(generator, prompts[4], long))
+    while generator.decode_steps < 5:
         await asyncio.sleep(0.001)
     short = [SamplingParams(max_tokens=n, temperature=0) for n in (3, 24, 7)]
     joined = await asyncio.gather(
-        *(collect(engine, prompts[i], p) for i, p in zip((0, 1, 2), short, strict=True))
+        *(collect(generator, prompts[i], p) for i, p in zip((0, 1, 2), short, strict=True))
     )
     assert not first.done()  # they really ran inside the long request's batch
     for (steps, _), i, p in zip(joined, (0, 1, 2), short, strict=True):
         assert tokens(steps) == references[i][: p.max_tokens]
     steps, _ = await first
-    alone, _ = await collect(engine, prompts[4], long)
+    alone, _ = await collect(generator, prompts[4], long)
     assert tokens(steps) == tokens(alone)
-    await settle(engine)
-    assert engine.running == 0
+    await settle(generator)
+    assert generator.running == 0
 
 
-async def test_seeded_sampling_is_reproducible(engine, prompts):
+async def test_seeded_sampling_is_reproducible(generator, prompts):
     params = SamplingParams(max_tokens=20, temperature=0.9, top_p=0.95, top_k=50, seed=1234)
-    alone, _ = await collect(engine, prompts[1], params)
+    alone, _ = await collect(generator, prompts[1], params)
     others = SamplingParams(max_tokens=20, temperature=1.0, seed=7)
     batched = await asyncio.gather(
-        collect(engine, prompts[0], others),
-        collect(engine, prompts[1], params),
-        collect(engine, prompts[2], others),
+        collect(generator, prompts[0], others),
+        collect(generator, prompts[1], params),
+        collect(generator, prompts[2], others),
     )
     assert tokens(batched[1][0]) == tokens(alone)
-    other_seed, _ = await collect(engine, prompts[1], SamplingParams(max_tokens=20, seed=99))
+    other_seed, _ = await collect(generator, prompts[1], SamplingParams(max_tokens=20, seed=99))
     unseeded = [
-        tokens((await collect(engine, prompts[1], SamplingParams(max_tokens=20)))[0])
+        tokens((await collect(generator, prompts[1], SamplingParams(max_tokens=20)))[0])
         for _ in range(2)
     ]
     assert tokens(other_seed) != tokens(alone) or unseeded[0] != unseeded[1]
 
 
-async def test_cancel_half_of_32_concurrent(engine, prompts, references):
+async def test_cancel_half_of_32_concurrent(generator, prompts, references):
     params = SamplingParams(max_tokens=24, temperature=0)
-    streams = [engine.generate(prompts[i % len(prompts)], params) for i in range(32)]
+    streams = [generator.generate(prompts[i % len(prompts)], params) for i in range(32)]
 
     async def consume(stream, cancel_after: int | None, explicit: bool):
         got = []
@@ -128,7 +128,7 @@ async def test_cancel_half_of_32_concurrent(engine, prompts, references):
             got += step.token_ids
             if cancel_after is not None and len(got) >= cancel_after:
                 if explicit:
-                    engine.cancel(stream)
+                    generator.cancel(stream)
                 else:
                     raise asyncio.CancelledError
         return got, step.finish_reason
@@ -147,34 +147,36 @@ async def test_cancel_half_of_32_concurrent(engine, prompts, references):
             assert reason == "cancelled" and got == expected[: len(got)]
         else:
             assert isinstance(result, asyncio.CancelledError)
-    await settle(engine)
-    assert engine.running == 0 and engine.waiting == 0
-    assert await run_all(engine, prompts, GREEDY) == references  # still usable
+    await settle(generator)
+    assert generator.running == 0 and generator.waiting == 0
+    assert await run_all(generator, prompts, GREEDY) == references  # still usable
 
 
-async def test_break_out_of_stream_frees_the_row(engine, prompts):
-    async for _step in engine.generate(prompts[0], SamplingParams(max_tokens=400, temperature=0)):
+async def test_break_out_of_stream_frees_the_row(generator, prompts):
+    async for _step in generator.generate(
+        prompts[0], SamplingParams(max_tokens=400, temperature=0)
+    ):
         break
-    await settle(engine)
-    assert engine.running == 0
+    await settle(generator)
+    assert generator.running == 0
 
 
-async def test_invalid_requests_raise_before_admission(engine, prompts):
+async def test_invalid_requests_raise_before_admission(generator, prompts):
     with pytest.raises(ValueError, match="context length"):
-        engine.generate(list(range(3, 600)), GREEDY)
+        generator.generate(list(range(3, 600)), GREEDY)
     with pytest.raises(ValueError, match="empty"):
-        engine.generate([], GREEDY)
+        generator.generate([], GREEDY)
     with pytest.raises(ValueError, match="vocabulary"):
-        engine.generate([10**7], GREEDY)
+        generator.generate([10**7], GREEDY)
     for bad in (dict(temperature=-1), dict(top_p=0), dict(top_logprobs=21), dict(max_tokens=0)):
         with pytest.raises(ValueError):
-            engine.generate(prompts[0], SamplingParams(**bad))
-    steps, _ = await collect(engine, prompts[0], SamplingParams(max_tokens=2, temperature=0))
+            generator.generate(prompts[0], SamplingParams(**bad))
+    steps, _ = await collect(generator, prompts[0], SamplingParams(max_tokens=2, temperature=0))
     assert len(tokens(steps)) == 2
 
 
-async def test_runtime_error_fails_one_request_only(engine, prompts, references, monkeypatch):
-    run = engine.runner.run
+async def test_runtime_error_fails_one_request_only(generator, prompts, references, monkeypatch):
+    run = generator.runner.run
     poison = prompts[3]
 
     def flaky(ids, mask, positions, *args, **kwargs):
@@ -183,8 +185,8 @@ async def test_runtime_error_fails_one_request_only(engine, prompts, references,
             raise RuntimeError("injected failure")  # a prefill run of prompts[3] only
         return run(ids, mask, positions, *args, **kwargs)
 
-    monkeypatch.setattr(engine.runner, "run", flaky)
-    results = await asyncio.gather(*(collect(engine, p, GREEDY) for p in prompts))
+    monkeypatch.setattr(generator.runner, "run", flaky)
+    results = await asyncio.gather(*(collect(generator, p, GREEDY) for p in prompts))
     for i, (steps, _) in enumerate(results):
         if i == 3:
             assert steps[-1].finish_reason == "error" and "injected" in steps[-1].error
@@ -192,18 +194,20 @@ async def test_runtime_error_fails_one_request_only(engine, prompts, references,
             assert tokens(steps) == references[i]
 
 
-async def test_stop_tokens_max_tokens_and_context_length(engine, prompts, references):
+async def test_stop_tokens_max_tokens_and_context_length(generator, prompts, references):
     expected = references[0]
     stop = expected[3]
     steps, _ = await collect(
-        engine, prompts[0], SamplingParams(max_tokens=24, temperature=0, stop_token_ids=(stop,))
+        generator, prompts[0], SamplingParams(max_tokens=24, temperature=0, stop_token_ids=(stop,))
     )
     first = expected.index(stop)
     assert tokens(steps) == expected[: first + 1] and steps[-1].finish_reason == "stop"
-    steps, _ = await collect(engine, prompts[0], SamplingParams(max_tokens=5, temperature=0))
+    steps, _ = await collect(generator, prompts[0], SamplingParams(max_tokens=5, temperature=0))
     assert len(tokens(steps)) == 5 and steps[-1].finish_reason == "length"
     long_prompt = (prompts[0] * 40)[:509]
-    steps, stats = await collect(engine, long_prompt, SamplingParams(max_tokens=50, temperature=0))
+    steps, stats = await collect(
+        generator, long_prompt, SamplingParams(max_tokens=50, temperature=0)
+    )
     assert stats.prompt_tokens + stats.output_tokens == 512
     assert steps[-1].finish_reason == "length"
 
@@ -449,18 +453,18 @@ class _EndsAt:
 
 
 async def test_ignore_eos_generates_past_the_end_of_sequence(
-    engine, tiny_model, tokenizer, prompts
+    generator, tiny_model, tokenizer, prompts
 ):
     """A fixed-length answer: the model's eos ends nothing, stop_token_ids still stop."""
-    answer = tokens((await collect(engine, prompts[0], GREEDY))[0])
+    answer = tokens((await collect(generator, prompts[0], GREEDY))[0])
     eos = answer[5]
-    async with TokenGenerator(tiny_model, tokenizer=_EndsAt(tokenizer, eos)) as engine:
-        assert eos in engine.eos_token_ids
-        stopped, _ = await collect(engine, prompts[0], GREEDY)
+    async with TokenGenerator(tiny_model, tokenizer=_EndsAt(tokenizer, eos)) as generator:
+        assert eos in generator.eos_token_ids
+        stopped, _ = await collect(generator, prompts[0], GREEDY)
         assert tokens(stopped) == answer[: answer.index(eos) + 1]
         assert stopped[-1].finish_reason == "stop"
         ignoring = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
-        full, _ = await collect(engine, prompts[0], ignoring)
+        full, _ = await collect(generator, prompts[0], ignoring)
         assert tokens(full) == answer and full[-1].finish_reason == "length"
         stop = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, stop_token_ids=(eos,))
-        assert tokens((await collect(engine, prompts[0], stop))[0]) == tokens(stopped)
+        assert tokens((await collect(generator, prompts[0], stop))[0]) == tokens(stopped)

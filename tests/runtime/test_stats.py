@@ -18,18 +18,18 @@ def tiny_fused_fp32(tiny_source, cache_dir):
 
 
 @pytest.fixture(params=["fp32", "fused-fp32"])
-async def engine(request, tiny_model, tokenizer):
+async def generator(request, tiny_model, tokenizer):
     prepared = tiny_model if request.param == "fp32" else request.getfixturevalue("tiny_fused_fp32")
     eng = TokenGenerator(prepared, tokenizer=tokenizer)
     yield eng
     await eng.aclose()
 
 
-async def test_a_generation_gives_its_stats_on_the_final_step_only(engine, tokenizer):
+async def test_a_generation_gives_its_stats_on_the_final_step_only(generator, tokenizer):
     prompt = chat_ids(tokenizer, PROMPTS[0])
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
-    first = [s async for s in engine.generate(prompt, params)]
-    again = [s async for s in engine.generate(prompt, params)]
+    first = [s async for s in generator.generate(prompt, params)]
+    again = [s async for s in generator.generate(prompt, params)]
     for steps in (first, again):
         assert [s.stats for s in steps[:-1]] == [None] * (len(steps) - 1)
         stats = steps[-1].stats
@@ -41,9 +41,9 @@ async def test_a_generation_gives_its_stats_on_the_final_step_only(engine, token
     assert again[-1].stats.cached_tokens > 0  # the prompt's KV, from the prefix cache
 
 
-async def test_a_scoring_gives_its_stats_on_the_final_step_only(engine, tokenizer):
+async def test_a_scoring_gives_its_stats_on_the_final_step_only(generator, tokenizer):
     tokens = chat_ids(tokenizer, " ".join(PROMPTS))
-    stream = engine.score(tokens, start=10, top_logprobs=2)
+    stream = generator.score(tokens, start=10, top_logprobs=2)
     steps = [s async for s in stream]
     assert [s.stats for s in steps[:-1]] == [None] * (len(steps) - 1)
     stats = steps[-1].stats
@@ -55,9 +55,11 @@ async def test_a_scoring_gives_its_stats_on_the_final_step_only(engine, tokenize
     assert stats.total_s is not None and stats.total_s > 0
 
 
-async def test_a_cancelled_generation_gives_its_stats(engine, tokenizer):
+async def test_a_cancelled_generation_gives_its_stats(generator, tokenizer):
     prompt = chat_ids(tokenizer, PROMPTS[1])
-    stream = engine.generate(prompt, SamplingParams(max_tokens=200, temperature=0, ignore_eos=True))
+    stream = generator.generate(
+        prompt, SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)
+    )
     received = 0
     async for step in stream:
         received += len(step.token_ids)
@@ -71,16 +73,16 @@ async def test_a_cancelled_generation_gives_its_stats(engine, tokenizer):
 
 
 @pytest.mark.parametrize("cached", [False, True])
-async def test_scoring_and_generating_a_prompt_give_the_same_logprobs(engine, tokenizer, cached):
+async def test_scoring_and_generating_a_prompt_give_the_same_logprobs(generator, tokenizer, cached):
     """The first token of a generation comes from its prompt's prefill; scoring that token after
     the same prompt runs the same prefill routine: the same floats, alternatives and details."""
     prompt = chat_ids(tokenizer, PROMPTS[2])
     if cached:  # a longer conversation with this prefix: both reuse its KV
-        _ = [s async for s in engine.score([*prompt, *prompt], start=len(prompt))]
+        _ = [s async for s in generator.score([*prompt, *prompt], start=len(prompt))]
     params = SamplingParams(max_tokens=1, temperature=0, top_logprobs=5, details=True)
-    generated = [s async for s in engine.generate(prompt, params)]
+    generated = [s async for s in generator.generate(prompt, params)]
     (token,) = generated[0].token_ids
-    scored = [s async for s in engine.score([*prompt, token], start=len(prompt), top_logprobs=5)]
+    scored = [s async for s in generator.score([*prompt, token], start=len(prompt), top_logprobs=5)]
     assert scored[-1].token_ids == (token,)
     assert scored[-1].logprobs == generated[0].logprobs
     assert (generated[-1].stats.cached_tokens > 0) == cached
