@@ -37,9 +37,9 @@ def _document() -> str:
     return "Summarise the following notes in three sentences.\n\n" + "\n\n".join(texts[:11])
 
 
-# Each case is 75-105 s on an idle 2-core machine (minutes on a loaded one). CI runs the diagonal (each recipe, each sampling
-# mode once); the tiny model's matrix crosses every recipe with both on every run, and
-# NBRESPONSES_FULL_MATRIX=1 crosses them here too.
+# Each case is 75-105 s on an idle 2-core machine (minutes on a loaded one). CI runs the
+# diagonal (each recipe, each sampling mode once); the tiny model's matrix crosses every recipe
+# with both on every run, and NBRESPONSES_FULL_MATRIX=1 crosses them here too.
 _CASES = [("default", "greedy"), ("analysis", "seeded")]
 if os.environ.get("NBRESPONSES_FULL_MATRIX") == "1":
     _CASES += [("default", "seeded"), ("analysis", "greedy")]
