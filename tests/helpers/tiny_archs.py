@@ -181,7 +181,8 @@ def save_tiny_model(name: str, folder: Path, tokenizer_folder: Path, *, seed: in
 
 def prepare_tiny(model: Any, graph: Any, folder: Path, tokenizer: Any, recipe: str) -> Any:
     """A prepared folder of ``model`` (its fused ``graph``, a ``ModelProto``) for a fused
-    ``recipe``, as ``prepare_model`` writes it, without the export and fidelity."""
+    ``recipe``, as ``prepare_model`` writes it, without the export and fidelity. MatMulNBits
+    recipes quantize the fp32 ``graph`` here; for others ``graph`` is built as the recipe does."""
     import json
 
     from nbresponses.models.fused import save_model
@@ -190,7 +191,7 @@ def prepare_tiny(model: Any, graph: Any, folder: Path, tokenizer: Any, recipe: s
 
     folder.mkdir(parents=True, exist_ok=True)
     params = RECIPES[recipe].params
-    if params.get("bits", 32) < 32:
+    if recipe in ("fused-q8", "fused-q4"):  # others: ``graph`` is already the recipe's
         quantized = quantize_nbits(graph, params["bits"], quantize_head=True)
         quantized.save_model_to_file(str(folder / MODEL_FILE), use_external_data_format=False)
     else:

@@ -2,9 +2,10 @@
 
 For every architecture of ``helpers.tiny_archs``: the fused fp32 graph gives PyTorch's logits
 (within fp32 rounding) on a prompt set, prefill and a decode loop with past, positions well past
-Gemma 3's sliding window included, and the same greedy tokens; the 8-bit graph (the ``fused-q8``
-recipe's quantization) runs in the engine, and each request's tokens and logprobs are
-bit-identical alone and batched. What the builder cannot do it refuses, naming the reason.
+Gemma 3's sliding window included, and the same greedy tokens, with and without smoothing; the
+8-bit graphs (``fused-q8``'s MatMulNBits, ``fused-int8``'s integer products) run in the engine,
+and each request's tokens and logprobs are bit-identical alone and batched. What the builder
+cannot do it refuses, naming the reason.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from nbresponses.models.fused import (
     build_fused_model,
     check_supported,
 )
+from nbresponses.models.smoothing import Smoothing, activation_peaks
 from nbresponses.runtime.generator import TokenGenerator
 from nbresponses.tokens.contract import SamplingParams
 
@@ -203,13 +205,53 @@ def test_long_rope_stops_at_the_original_context(arch) -> None:
         assert positions == config.max_position_embeddings
 
 
-async def test_q8_in_the_engine_batched_equals_alone(arch, prompts, tokenizer, tmp_path) -> None:
-    """The ``fused-q8`` graph in the engine: every request's tokens and logprobs (top 2 too)
-    bit-identical alone and batched with requests of other lengths, joining at other steps."""
+def _integer_graph(model, tokenizer):
+    """The ``fused-int8`` recipe's graph: smoothing calibrated on the model, outliers apart."""
+    from nbresponses.models.recipes import INTEGER_OUTLIERS, INTEGER_WEIGHT_BITS
+
+    smoothing = Smoothing(activation_peaks(model, tokenizer))
+    return build_fused_model(
+        model, integer=INTEGER_WEIGHT_BITS, smoothing=smoothing, outliers=INTEGER_OUTLIERS
+    )
+
+
+def test_smoothing_keeps_the_function(arch, prompts, tokenizer) -> None:
+    """Smoothing folded into the fp32 graph (norms' weights divided, the next weights' rows
+    multiplied) changes the weights but not the model: PyTorch's logits within fp32 rounding."""
+    name, model, plain = arch
+    smoothing = Smoothing(activation_peaks(model, tokenizer))
+    graph = build_fused_model(model, smoothing=smoothing)
+    weights = {i.name: onnx.numpy_helper.to_array(i) for i in plain.graph.initializer}
+    changed = [
+        i.name
+        for i in graph.graph.initializer
+        if i.name.endswith("input_norm")
+        and not np.allclose(onnx.numpy_helper.to_array(i), weights[i.name])
+    ]
+    assert len(changed) == model.config.num_hidden_layers, name  # every QKV input smoothed
+    session = _session(graph)
+    prompt = max(prompts, key=len)
+    logits, _ = _step(session, prompt, 0, _empty_past(session))
+    reference = _torch_logits(model, prompt)
+    assert np.abs(logits - reference).max() <= RELATIVE * np.abs(reference).max(), name
+
+
+@pytest.mark.parametrize("recipe", ["fused-q8", "fused-int8"])
+async def test_in_the_engine_batched_equals_alone(
+    arch, prompts, tokenizer, tmp_path, recipe
+) -> None:
+    """The quantized graphs in the engine: every request's tokens and logprobs (top 2 too)
+    bit-identical alone and batched with requests of other lengths, joining at other steps;
+    on the integer recipe, a text scored in prefill runs gets the decode steps' very bits."""
     name, model, _ = arch
-    graph = build_fused_model(model)  # the quantizer changes the proto in place
-    prepared = prepare_tiny(model, graph, tmp_path / name, tokenizer, "fused-q8")
-    assert any(n.op_type == "MatMulNBits" for n in onnx.load(str(prepared.onnx_path)).graph.node)
+    if recipe == "fused-q8":
+        graph = build_fused_model(model)  # the quantizer changes the proto in place
+        kernel = "MatMulNBits"
+    else:
+        graph = _integer_graph(model, tokenizer)
+        kernel = "MatMulIntegerToFloat"
+    prepared = prepare_tiny(model, graph, tmp_path / name, tokenizer, recipe)
+    assert any(n.op_type == kernel for n in onnx.load(str(prepared.onnx_path)).graph.node)
     params = SamplingParams(max_tokens=10, temperature=0, logprobs=True, top_logprobs=2)
     async with TokenGenerator(prepared, tokenizer=tokenizer, prefix_cache_bytes=0) as engine:
         assert engine.runner.kv_in_place
@@ -224,6 +266,21 @@ async def test_q8_in_the_engine_batched_equals_alone(arch, prompts, tokenizer, t
         )
     assert all(steps[0].logprobs for steps in alone)
     assert list(batched) == alone * 2, name
+    if recipe == "fused-int8":
+        await _prefill_scores_equal_decode(prepared, tokenizer, prompts[0])
+
+
+async def _prefill_scores_equal_decode(prepared, tokenizer, ids: list[int]) -> None:
+    from nbresponses.engine import Engine
+
+    text = tokenizer.decode(ids[1:40])
+    generator = TokenGenerator(prepared, tokenizer=tokenizer, prefix_cache_bytes=0)
+    async with Engine(generator, store_path="memory") as engine:
+        by_prefill = await engine.score(text, top_logprobs=2, method="prefill")
+        by_decode = await engine.score(text, top_logprobs=2, method="decode")
+    first = by_prefill.output[0].content[0].logprobs
+    assert len(first) > 20
+    assert first == by_decode.output[0].content[0].logprobs
 
 
 async def test_engine_context_stops_where_the_rotary_tables_do(tokenizer, tmp_path) -> None:
