@@ -71,8 +71,8 @@ def build_lens_graph(model: Any) -> Any:
     if meta.get(KV_LAYOUT) != SCATTER_IN_PLACE:
         raise LensUnsupported(
             "The logit lens reads the fused graph (recipes fused-q8, fused-fp32 = analysis, "
-            "fused-q4); this model was prepared with an Optimum recipe or by an earlier "
-            "version (prepare it again)."
+            "fused-q4, fused-int8); this model was prepared with an Optimum recipe or by an "
+            "earlier version (prepare it again)."
         )
     graph = model.graph
     nodes = {n.name: n for n in graph.node}
