@@ -244,12 +244,14 @@ class _IntegerGraph(_Graph):
     row of activations quantized at run time to uint8 (zero point 128, one scale per row:
     ``max |x| / 127``), multiplied by ``MatMulIntegerToFloat``.
 
-    Why: MatMulNBits (accuracy level 4) runs at ~0.2 int8 TOPS for every M >= 16, while this
-    reaches MLAS's prepacked uint8 x int8 GEMM (AVX512-VNNI; AMX where present), 2-4x faster
-    on prompts, scoring and batched decode. The GEMM accumulates in int32, exactly, so a row's
-    output depends on that row alone: the same bits alone, batched, and whatever the kernel
-    (VNNI or AMX) or the number of rows. ``DynamicQuantizeMatMul`` would be one node, but it
-    quantizes the whole tensor with one scale, which makes a row depend on its batch-mates.
+    Why: MatMulNBits (accuracy level 4) runs its int8 products at about the same rate for
+    every number of rows, while this reaches MLAS's prepacked uint8 x int8 GEMM (AVX512-VNNI;
+    AMX where present): a 370-token prefill's products take 79 ms against 195 on the bundled
+    model (docs/concepts/models.md, "The integer recipe"). The GEMM accumulates in int32,
+    exactly, so a row's output depends on that row alone: the same bits alone, batched, and
+    whatever the kernel (VNNI or AMX) or the number of rows. ``DynamicQuantizeMatMul`` would
+    be one node, but it quantizes the whole tensor with one scale, which makes a row depend on
+    its batch-mates.
 
     Without VNNI, MLAS multiplies uint8 by int8 with ``vpmaddubsw``, which adds pairs of
     products in int16 and saturates (255 * 127 * 2 > 32767); ``weight_bits=7`` keeps weights in
@@ -446,17 +448,11 @@ class _Decoder:
         return self._factors[linear]
 
     def _raw_weight(self, linear: str) -> np.ndarray:
-        layer, _, kind = linear.partition("/")
-        i = int(layer.split(".")[1]) if kind else -1
-        return (
-            {
-                "qkv": self.qkv_weight,
-                "gate_up": self.gate_up_weight,
-                "down": self.down_weight,
-            }[kind](i)
-            if kind
-            else self.head_weight()
-        )
+        layer, _, kind = linear.partition("/")  # "layers.{i}/{kind}", or "lm_head"
+        if not kind:
+            return self.head_weight()
+        by_kind = {"qkv": self.qkv_weight, "gate_up": self.gate_up_weight, "down": self.down_weight}
+        return by_kind[kind](int(layer.split(".")[1]))
 
     def qkv_weight(self, i: int) -> np.ndarray:
         w, p = self.w, f"model.layers.{i}.self_attn."
