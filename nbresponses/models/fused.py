@@ -444,7 +444,8 @@ class _Decoder:
             return None
         if linear not in self._factors:
             raw = self._raw_weight(linear)
-            self._factors[linear] = self.smoothing.factor(linear, np.abs(raw).max(axis=1))
+            peaks = np.maximum(raw.max(axis=1), -raw.min(axis=1))  # max |w| without a copy
+            self._factors[linear] = self.smoothing.factor(linear, peaks)
         return self._factors[linear]
 
     def _raw_weight(self, linear: str) -> np.ndarray:
