@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import date
 
 import pytest
+from helpers.responses import WEATHER
 from openai.types.responses import (
     EasyInputMessageParam,
     ResponseFunctionToolCall,
@@ -32,17 +33,6 @@ from nbresponses.tools.python import PythonTool
 from nbresponses.tools.python import description as python_description
 
 TODAY = date(2026, 11, 29)
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "Current weather in a city.",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-        "additionalProperties": False,  # strict by default, as on OpenAI
-    },
-}
 
 
 def system(effort: ReasoningEffort = ReasoningEffort.MEDIUM) -> Message:
@@ -61,11 +51,7 @@ def developer(instructions: str | None, tools: bool = True) -> Message:
         content = content.with_instructions(instructions)
     if tools:
         content = content.with_function_tools(
-            [
-                ToolDescription.new(
-                    "get_weather", "Current weather in a city.", WEATHER["parameters"]
-                )
-            ]
+            [ToolDescription.new(WEATHER["name"], WEATHER["description"], WEATHER["parameters"])]
         )
     return Message.from_role_and_content(Role.DEVELOPER, content)
 

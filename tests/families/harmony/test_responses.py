@@ -13,7 +13,7 @@ from datetime import date
 
 import openai
 import pytest
-from helpers.responses import check_stream, dumps, fold, strip_ids
+from helpers.responses import WEATHER, check_stream, dumps, fold, strip_ids
 from openai.types.responses import Response
 from openai_harmony import (
     Author,
@@ -43,17 +43,6 @@ GPT_OSS_EOS = (
     199999,
     200012,
 )  # <|return|>, <|endoftext|>, <|call|> (its generation_config)
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "Current weather in a city.",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-        "additionalProperties": False,  # strict by default, as on OpenAI
-    },
-}
 PYTHON = {"type": "code_interpreter", "container": {"type": "auto"}}
 
 
