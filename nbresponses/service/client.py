@@ -24,6 +24,7 @@ from nbresponses.protocol.errors import bad_request, response_not_found, unsuppo
 from nbresponses.protocol.ids import new_id
 from nbresponses.protocol.items import check_call_outputs
 from nbresponses.protocol.request import CreateRequest, given, parse_create
+from nbresponses.service.chat import AsyncChat
 from nbresponses.service.completions import AsyncCompletions
 from nbresponses.service.database import RUNNING, StorePath, open_database
 from nbresponses.service.record import Record
@@ -79,6 +80,8 @@ class AsyncResponsesClient:
         self.responses = AsyncResponses(self)
         # The legacy Completions API on the same engine (prompt logprobs for scoring tools).
         self.completions = AsyncCompletions(source, self.family, model=model)
+        # Chat Completions: an adapter over ``responses`` (service/chat.py).
+        self.chat = AsyncChat(self.responses, model=model)
 
     def stats(self) -> dict[str, Any]:
         """The store's fill and the token source's figures (the engine: rows, KV, prefix cache)."""
@@ -181,6 +184,15 @@ class AsyncResponses:
             run.cancel()  # the caller gave up: stop generating, keep what was made
             raise
         return response.model_copy(deep=True)
+
+    @property
+    def source(self) -> TokenSource:
+        """The token source the runs generate on."""
+        return self._client.source
+
+    def start(self, req: CreateRequest) -> ResponseRun:
+        """Start a validated request's run (the Chat Completions adapter runs each choice so)."""
+        return self._start(req)
 
     def _start(self, req: CreateRequest) -> ResponseRun:
         """Validate, render, run, store: from here on the run alone writes the response."""
