@@ -77,8 +77,9 @@ LABELS = ("user", "safety_identifier", "prompt_cache_key", "metadata", "store")
 MAX_N = 16  # choices per request (each a row of the batch)
 FinishReason = Literal["stop", "length", "tool_calls"]
 # Responses parameter names (as parse_create reports them) -> the chat names the user sent.
+SCHEMA_FIELDS = r"^text\.format\.(name|schema|strict|description)"
 CHAT_NAMES = (
-    (re.compile(r"^text\.format\.(name|schema|strict|description)"), r"response_format.json_schema.\1"),
+    (re.compile(SCHEMA_FIELDS), r"response_format.json_schema.\1"),
     (re.compile(r"^text\.format"), "response_format"),
     (re.compile(r"^text$"), "response_format"),
     (re.compile(r"^tools\[(\d+)\]\.(?!function)"), r"tools[\1].function."),
