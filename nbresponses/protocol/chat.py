@@ -659,29 +659,24 @@ def delta_choice(
     logprobs: Sequence[TokenLogprob] | None = None,
     finish_reason: FinishReason | None = None,
 ) -> chunk_types.Choice:
-    """One choice of a chunk: ``calls`` are (call, first delta of it, argument fragment)."""
-    extra = {} if reasoning is None else {"reasoning_content": reasoning}
-    delta = chunk_types.ChoiceDelta(
-        role="assistant" if role else None,
-        content=content,
-        tool_calls=[
-            chunk_types.ChoiceDeltaToolCall(
-                index=call.index,
-                id=call.id if first else None,
-                type="function" if first else None,
-                function=chunk_types.ChoiceDeltaToolCallFunction(
-                    name=call.name if first else None, arguments=fragment
-                ),
-            )
-            for call, first, fragment in calls
+    """One choice of a chunk: ``calls`` are (call, first delta of it, argument fragment).
+
+    Only what the delta carries is set (a later tool-call delta has no id, type or name), so
+    serialized without unset fields it is what OpenAI sends."""
+    fields: dict[str, Any] = {}
+    if role:
+        fields["role"] = "assistant"
+    if content is not None:
+        fields["content"] = content
+    if reasoning is not None:
+        fields["reasoning_content"] = reasoning
+    if calls:
+        fields["tool_calls"] = [
+            _call_delta(call, first, fragment) for call, first, fragment in calls
         ]
-        or None,
-        **extra,
-    )
     return chunk_types.Choice(
         index=index,
-        delta=delta,
-        finish_reason=finish_reason,
+        delta=chunk_types.ChoiceDelta(**fields),
         logprobs=(
             None
             if logprobs is None
@@ -689,6 +684,20 @@ def delta_choice(
                 content=[token_logprob(lp) for lp in logprobs], refusal=None
             )
         ),
+        finish_reason=finish_reason,
+    )
+
+
+def _call_delta(call: ToolCall, first: bool, fragment: str) -> chunk_types.ChoiceDeltaToolCall:
+    if not first:
+        return chunk_types.ChoiceDeltaToolCall(
+            index=call.index, function=chunk_types.ChoiceDeltaToolCallFunction(arguments=fragment)
+        )
+    return chunk_types.ChoiceDeltaToolCall(
+        index=call.index,
+        id=call.id,
+        type="function",
+        function=chunk_types.ChoiceDeltaToolCallFunction(name=call.name, arguments=fragment),
     )
 
 
@@ -697,16 +706,21 @@ def chunk(
     created: int,
     model: str,
     choices: list[chunk_types.Choice],
+    *,
+    with_usage: bool = False,
     usage: CompletionUsage | None = None,
 ) -> ChatCompletionChunk:
+    """A chunk; ``with_usage`` (``stream_options.include_usage``): a ``usage`` field on each
+    chunk, null but on the last one, as OpenAI sends it."""
+    extra: dict[str, Any] = {"usage": usage} if with_usage or usage is not None else {}
     return ChatCompletionChunk(
         id=chat_id,
         object="chat.completion.chunk",
         created=created,
         model=model,
-        choices=choices,
-        usage=usage,
         system_fingerprint=None,
+        choices=choices,
+        **extra,
     )
 
 

@@ -225,7 +225,14 @@ class ChatCompletionStream:
             self._queue.put_nowait(None)
 
     def _chunk(self, choices: list[Any], usage: Any = None) -> ChatCompletionChunk:
-        return shapes.chunk(self._id, self._created, self._model, choices, usage)
+        return shapes.chunk(
+            self._id,
+            self._created,
+            self._model,
+            choices,
+            with_usage=self._req.include_usage,
+            usage=usage,
+        )
 
     async def _chunks(self) -> AsyncIterator[ChatCompletionChunk]:
         self._tasks = [asyncio.ensure_future(self._pump(c)) for c in self._choices]
