@@ -287,9 +287,8 @@ def test_errors_over_http_are_openai_shaped_400s(tokenizer, body, param):
 @pytest.mark.parametrize(("body", "param"), BAD[:4])
 async def test_errors_in_process_are_the_sdks_exceptions(tokenizer, body, param):
     client, _ = scripted(tokenizer, ANSWER)
-    with Target("inprocess", client) as target:
-        with pytest.raises(openai.BadRequestError) as info:
-            await target.openai().chat.completions.create(model=MODEL, **body)
+    with Target("inprocess", client) as target, pytest.raises(openai.BadRequestError) as info:
+        await target.openai().chat.completions.create(model=MODEL, **body)
     assert info.value.param == param
 
 
