@@ -84,6 +84,7 @@ class SamplingParams:
     # Also each token's logprob under the distribution it was drawn from (after the grammar
     # mask, temperature, top-k, top-p): vLLM's ``logprobs_mode="processed_logprobs"``.
     processed_logprobs: bool = False
+    logit_bias: dict[int, float] | None = None
     # A grammar for the output: a fresh constraint per generation (ignored with forced_tokens).
     constraint: ConstraintFactory | None = field(default=None, compare=False)
 

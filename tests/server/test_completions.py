@@ -177,15 +177,17 @@ def test_bad_requests_are_named_4xx_never_500(fused_engine):
     context = fused_engine.generator.context_length
     good = {"model": fused_engine.model, "prompt": "hi", "max_tokens": 2}
     wrong = {
-        "n": (2, 400, "n"),
+        "n": (0, 400, "n"),
         "best_of": (3, 400, "best_of"),
-        "logit_bias": ({"5": 1}, 400, "logit_bias"),
+        "logit_bias": ({"5": 101}, 400, "logit_bias"),
         "suffix": ("x", 400, "suffix"),
         "max_tokens": (-1, 400, "max_tokens"),
         "logprobs": (21, 400, "logprobs"),
         "prompt_logprobs": ("3", 400, "prompt_logprobs"),
         "temperature": (3, 400, "temperature"),
-        "stop": (["a", "b", "c", "d", "e"], 400, "stop"),
+        "seed": (2**63, 400, "seed"),  # int64, as on every API
+        "top_p": (1.5, 400, "top_p"),
+        "stop": (["a", "b", "c", "d", ""], 400, "stop"),  # any number, none empty
         "echo": ("yes", 400, "echo"),
         "stream_options": ({"include_usage": True}, 400, "stream_options"),
         "score_method": ("fast", 400, "score_method"),
