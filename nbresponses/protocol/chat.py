@@ -37,18 +37,24 @@ from openai.types.chat.chat_completion_message_function_tool_call import (
 from openai.types.chat.chat_completion_token_logprob import ChatCompletionTokenLogprob, TopLogprob
 from openai.types.completion_usage import CompletionTokensDetails, PromptTokensDetails
 
-from nbresponses.protocol.errors import bad_request, not_found, unsupported
+from nbresponses.protocol.errors import bad_request, unsupported
 from nbresponses.protocol.events import TokenLogprob
-from nbresponses.protocol.ids import new_id
-from nbresponses.protocol.request import (
-    LOGPROBS_INCLUDE,
-    TRANSPORT,
-    CreateRequest,
-    check_values,
-    given,
-    parse_create,
+from nbresponses.protocol.generation import (
+    Sampling,
+    StreamOptions,
+    check_model,
+    check_names,
+    choice_count,
+    logprob_count,
+    parse_sampling,
+    plain,
+    request_body,
+    stop_strings,
+    stream_options,
 )
-from nbresponses.protocol.values import integer
+from nbresponses.protocol.ids import new_id
+from nbresponses.protocol.request import LOGPROBS_INCLUDE, CreateRequest, parse_create
+from nbresponses.protocol.values import boolean, string
 
 SDK_PARAMETERS = frozenset(inspect.signature(AsyncCompletions.create).parameters) - {"self"}
 # vLLM's extensions (its OpenAI server) that we honour, by vLLM's names, and ours.
@@ -74,7 +80,6 @@ REJECTED = {
 # Accepted with no behaviour to honour: labels (OpenAI keeps them, we echo none of them), and
 # ``store``: chat completions are not kept here (nothing to list or retrieve later).
 LABELS = ("user", "safety_identifier", "prompt_cache_key", "metadata", "store")
-MAX_N = 16  # choices per request (each a row of the batch)
 FinishReason = Literal["stop", "length", "tool_calls"]
 # Responses parameter names (as parse_create reports them) -> the chat names the user sent.
 SCHEMA_FIELDS = r"^text\.format\.(name|schema|strict|description)"
@@ -93,42 +98,36 @@ class ChatRequest:
     """A validated chat call: the Responses request each choice runs, and chat's own parts."""
 
     create: CreateRequest  # store=False, stream=False: the adapter reads the run's events
+    sampling: Sampling = field(default_factory=Sampling)  # with top_k and logit_bias
     n: int = 1
     stream: bool = False
-    include_usage: bool = False  # stream_options.include_usage: a last chunk with usage
-    continuous_usage_stats: bool = False  # vLLM: usage on every chunk
+    options: StreamOptions = field(default_factory=StreamOptions)
     stop: list[str] = field(default_factory=list)
     echo: bool = False  # vLLM: the last message's content starts the answer
     echo_text: str = ""  # what ``echo`` puts first (the last message's text when assistant)
     logprobs: bool = False
     top_logprobs: int = 0
 
+    @property
+    def include_usage(self) -> bool:
+        return self.options.include_usage
+
+    def choice_seeds(self) -> list[int | None]:
+        """Each choice's seed: the request's with ``n == 1``, else ``derived_seeds(seed, n)``
+        (the request core's rule, as ``engine.sample``)."""
+        return self.sampling.choice_seeds(self.n)
+
 
 def parse_chat(kwargs: Mapping[str, Any], *, model: str) -> ChatRequest:
     """Validate ``chat.completions.create`` keywords (SDK names plus vLLM's extensions)."""
-    params = {k: v for k, v in kwargs.items() if k not in TRANSPORT and k != "extra_body"}
-    extra = kwargs.get("extra_body")
-    if given(extra):
-        if not isinstance(extra, Mapping):
-            raise bad_request("'extra_body' must be a mapping.", param="extra_body")
-        params.update(extra)
-    params = {k: v for k, v in params.items() if given(v)}
-    check_values(params)
+    params = request_body(kwargs)
+    check_names(params, SDK_PARAMETERS | EXTENSIONS)
     for key in params:
-        if key not in SDK_PARAMETERS and key not in EXTENSIONS:
-            raise bad_request(f"Unknown parameter: '{key}'.", param=key, code="unknown_parameter")
         if key in REJECTED and not (key == "modalities" and params[key] == ["text"]):
             raise unsupported(key, REJECTED[key] + ".")
-    if "model" in params and params["model"] != model:
-        raise not_found(
-            f"The model '{params['model']}' does not exist here; this server runs '{model}'.",
-            param="model",
-            code="model_not_found",
-        )
+    check_model(params, model)
     _zero(params, "frequency_penalty", "the engine applies no penalties")
     _zero(params, "presence_penalty", "the engine applies no penalties")
-    if params.get("logit_bias"):
-        raise unsupported("logit_bias", "the engine applies no logit bias yet.")
     if params.get("service_tier", "auto") not in ("auto", "default"):
         raise unsupported("service_tier", "only 'auto' or 'default' (there is one tier here).")
     _vllm_template_options(params)
@@ -140,24 +139,22 @@ def parse_chat(kwargs: Mapping[str, Any], *, model: str) -> ChatRequest:
     items = messages_to_input(params["messages"])
 
     req = ChatRequest(create=CreateRequest(input=[], model=model))
-    req.stream = _bool(params, "stream", False)
-    req.n = integer(params, "n", 1, MAX_N, 1)
-    req.stop = _stop(params.get("stop"))
-    req.include_usage, req.continuous_usage_stats = _stream_options(
-        params.get("stream_options"), req.stream
-    )
-    req.logprobs = _bool(params, "logprobs", False)
-    req.top_logprobs = integer(params, "top_logprobs", 0, 20) or 0
+    req.sampling = parse_sampling(params)
+    req.stream = boolean(params, "stream", False)
+    req.n = choice_count(params)
+    req.stop = stop_strings(params)
+    req.options = stream_options(params, stream=req.stream)
+    req.logprobs = boolean(params, "logprobs", False)
+    req.top_logprobs = logprob_count(params, "top_logprobs") or 0
     if req.top_logprobs and not req.logprobs:
         raise bad_request(
             "'top_logprobs' needs logprobs=True (it counts alternatives of each token's logprob).",
             param="top_logprobs",
         )
-    req.echo = _bool(params, "echo", False)
+    req.echo = boolean(params, "echo", False)
     if req.echo:
         req.echo_text = _echo_text(params["messages"])
-    _no_top_k(params)
-    if _bool(params, "ignore_eos", False):
+    if boolean(params, "ignore_eos", False):
         raise unsupported("ignore_eos", "an answer ends at the model's end of turn.")
     if "prompt_logprobs" in params:
         raise unsupported(
@@ -376,8 +373,7 @@ def _echo_text(messages: Sequence[Any]) -> str:
 
 
 def _as_dict(value: Any, where: str) -> dict[str, Any]:
-    if hasattr(value, "model_dump"):
-        return value.model_dump(exclude_none=True, by_alias=True)
+    value = plain(value)
     if isinstance(value, Mapping):
         return dict(value)
     raise bad_request(f"'{where}' must be an object.", param=where)
@@ -458,63 +454,23 @@ def _response_format(value: Any) -> dict[str, Any] | None:
     )
 
 
-# -- the shared rules (to be the request core's) ----------------------------------------------
-
-
-def _bool(params: Mapping[str, Any], key: str, default: bool) -> bool:
-    value = params.get(key, default)
-    if not isinstance(value, bool):
-        raise bad_request(f"Invalid type for '{key}': expected a boolean.", param=key)
-    return value
+# -- chat's own small rules -------------------------------------------------------------------
 
 
 def _label(params: Mapping[str, Any], key: str) -> None:
-    value = params[key]
-    kinds = {"metadata": Mapping, "store": bool}
-    if not isinstance(value, kinds.get(key, str)):
-        raise bad_request(f"Invalid type for '{key}'.", param=key)
+    """Labels OpenAI keeps with a completion (none are kept here): their type only."""
+    if key == "metadata":
+        if not isinstance(params[key], Mapping):
+            raise bad_request("Invalid type for 'metadata': expected an object.", param=key)
+    elif key == "store":
+        boolean(params, key, False)
+    else:
+        string(params, key)
 
 
 def _zero(params: Mapping[str, Any], key: str, why: str) -> None:
     if key in params and params[key] != 0:
         raise unsupported(key, f"only 0 ({why}).")
-
-
-def _no_top_k(params: Mapping[str, Any]) -> None:
-    top_k = integer(params, "top_k", -1, None, -1)
-    if top_k not in (-1, 0):
-        raise unsupported("top_k", "only -1 or 0 (no cut) on chat completions.")
-
-
-def _stop(value: Any) -> list[str]:
-    """Any number of stop strings (vLLM's behaviour; OpenAI allows four)."""
-    if value is None:
-        return []
-    stops = [value] if isinstance(value, str) else value
-    if not isinstance(stops, list | tuple):
-        raise bad_request("'stop' must be a string or a list of strings.", param="stop")
-    for i, stop in enumerate(stops):
-        if not isinstance(stop, str) or not stop:
-            raise bad_request(f"Invalid 'stop[{i}]': expected a non-empty string.", param="stop")
-    return list(stops)
-
-
-def _stream_options(value: Any, stream: bool) -> tuple[bool, bool]:
-    """``include_usage`` and vLLM's ``continuous_usage_stats``."""
-    if value is None:
-        return False, False
-    if not stream:
-        raise bad_request("'stream_options' needs stream=True.", param="stream_options")
-    options = _as_dict(value, "stream_options")
-    known = ("include_usage", "continuous_usage_stats", "include_obfuscation")
-    for key, v in options.items():
-        if key not in known:
-            raise unsupported(f"stream_options.{key}")
-        if not isinstance(v, bool):
-            raise bad_request(
-                f"'stream_options.{key}' must be a boolean.", param=f"stream_options.{key}"
-            )
-    return bool(options.get("include_usage")), bool(options.get("continuous_usage_stats"))
 
 
 def _vllm_template_options(params: Mapping[str, Any]) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -29,15 +29,48 @@ from typing import TYPE_CHECKING, Any
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import ResponseFunctionToolCall
 
+from nbresponses.families.base import OutputReader, RenderedPrompt
 from nbresponses.protocol import chat as shapes
 from nbresponses.protocol.chat import ChatRequest, FinishReason, ToolCall
 from nbresponses.protocol.errors import server_error
-from nbresponses.protocol.events import TokenLogprob
-from nbresponses.runtime.sampling import derived_seeds, fresh_seed
+from nbresponses.protocol.events import EventBuilder, TokenLogprob
+from nbresponses.protocol.generation import check_token_ids
 from nbresponses.service.run import ResponseRun
+from nbresponses.tokens.contract import TokenIdLogprob
 
 if TYPE_CHECKING:
-    from nbresponses.service.client import AsyncResponses
+    from nbresponses.service.client import AsyncResponses, ReaderFactory
+
+
+class _Counter:
+    """Counts the tokens a run's output reader is fed (vLLM's ``continuous_usage_stats``)."""
+
+    def __init__(self) -> None:
+        self.prompt_tokens = 0
+        self.tokens = 0
+
+    def wrap(self, prompt: RenderedPrompt) -> ReaderFactory:
+        self.prompt_tokens = len(prompt.ids)
+
+        def make(builder: EventBuilder) -> OutputReader:
+            return _CountedReader(prompt.output_reader(builder), self)
+
+        return make
+
+
+class _CountedReader:
+    """An output reader that counts what it is fed and otherwise is the family's own."""
+
+    def __init__(self, inner: OutputReader, counter: _Counter) -> None:
+        self._inner = inner
+        self._counter = counter
+
+    def feed(self, token_id: int, logprob: TokenIdLogprob | None) -> None:
+        self._counter.tokens += 1
+        self._inner.feed(token_id, logprob)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
 
 
 @dataclass
@@ -71,10 +104,11 @@ def _logprob(lp: Any) -> TokenLogprob:
 class _Choice:
     """One choice: a run's events as chat pieces (content held back where a stop may start)."""
 
-    def __init__(self, req: ChatRequest, index: int, run: ResponseRun) -> None:
+    def __init__(self, req: ChatRequest, index: int, run: ResponseRun, counter: _Counter) -> None:
         self.req = req
         self.index = index
         self.run = run
+        self.counter = counter
         self.calls: list[ToolCall] = []
         self.stopped = False  # a stop string ended it
         self._text = ""  # content generated so far
@@ -157,10 +191,11 @@ class _Choice:
         return piece
 
     def usage(self) -> tuple[int, int, int, int]:
-        """(prompt, completion, cached, reasoning) tokens of this choice."""
+        """(prompt, completion, cached, reasoning) tokens of this choice (while it runs: the
+        prompt as rendered and the tokens generated so far)."""
         u = self.run.response.usage
         if u is None:
-            return 0, 0, 0, 0
+            return self.counter.prompt_tokens, self.counter.tokens, 0, 0
         return (
             u.input_tokens,
             u.output_tokens,
@@ -245,7 +280,8 @@ class ChatCompletionStream:
             if isinstance(item, BaseException):
                 raise item
             choice, piece = item
-            yield self._chunk([_delta(choice, piece)])
+            usage = _usage(self._choices) if self._req.options.usage_on_every_chunk else None
+            yield self._chunk([_delta(choice, piece)], usage)
         if self._req.include_usage:
             yield self._chunk([], _usage(self._choices))
 
@@ -325,23 +361,32 @@ async def _fold(choice: _Choice) -> Any:
 class AsyncChatCompletions:
     """``client.chat.completions``: ``create`` as ``openai.AsyncOpenAI().chat.completions``."""
 
-    def __init__(self, responses: AsyncResponses, *, model: str) -> None:
+    def __init__(
+        self,
+        responses: AsyncResponses,
+        *,
+        model: str,
+        vocab_size: Callable[[], int | None] = lambda: None,
+    ) -> None:
         self._responses = responses
         self.model = model
+        self._vocab_size = vocab_size
 
     def _start(self, req: ChatRequest) -> list[_Choice]:
         """One run per choice, admitted together so they share the prompt's prefill."""
+        check_token_ids(req.sampling.logit_bias, self._vocab_size())
         create, n = req.create, req.n
-        seeds: list[int | None] = [create.seed]
-        if n > 1:
-            seeds = list(derived_seeds(fresh_seed() if create.seed is None else create.seed, n))
+        seeds = req.choice_seeds()
         source = self._responses.source
         together = getattr(source, "together", None)
         gate = together(n) if n > 1 and together is not None else None
         runs: list[ResponseRun] = []
+        counters = [_Counter() for _ in seeds]
         try:
-            for seed in seeds:
-                runs.append(self._responses.start(dataclasses.replace(create, seed=seed)))
+            for seed, counter in zip(seeds, counters, strict=True):
+                one = dataclasses.replace(create, seed=seed)
+                sampling = dataclasses.replace(req.sampling, seed=seed)
+                runs.append(self._responses.start(one, sampling=sampling, reader=counter.wrap))
         except BaseException:
             for run in runs:
                 run.cancel()
@@ -352,7 +397,9 @@ class AsyncChatCompletions:
             # each run asks the engine on its task's first step: release what the gate holds
             # after those steps (it releases by itself once all n came)
             asyncio.get_running_loop().call_soon(gate.release)
-        return [_Choice(req, i, run) for i, run in enumerate(runs)]
+        return [
+            _Choice(req, i, run, c) for i, (run, c) in enumerate(zip(runs, counters, strict=True))
+        ]
 
     async def create(self, **kwargs: Any) -> ChatCompletion | ChatCompletionStream:
         """A ``ChatCompletion`` (or a ``ChatCompletionStream`` of chunks with ``stream=True``)."""
@@ -374,5 +421,11 @@ class AsyncChatCompletions:
 class AsyncChat:
     """``client.chat``, holding ``completions`` as the SDK does."""
 
-    def __init__(self, responses: AsyncResponses, *, model: str) -> None:
-        self.completions = AsyncChatCompletions(responses, model=model)
+    def __init__(
+        self,
+        responses: AsyncResponses,
+        *,
+        model: str,
+        vocab_size: Callable[[], int | None] = lambda: None,
+    ) -> None:
+        self.completions = AsyncChatCompletions(responses, model=model, vocab_size=vocab_size)

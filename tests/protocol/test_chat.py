@@ -100,8 +100,9 @@ def test_every_role_and_content_form_becomes_responses_items():
 
 def test_a_tool_result_given_as_parts_is_their_text():
     call = {"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+    parts = [{"type": "text", "text": "ok"}]
     messages = [*USER, {"role": "assistant", "tool_calls": [call]},
-                {"role": "tool", "tool_call_id": "c", "content": [{"type": "text", "text": "ok"}]}]  # fmt: skip
+                {"role": "tool", "tool_call_id": "c", "content": parts}]  # fmt: skip
     req = parse_chat({"messages": messages}, model="m")
     assert req.create.input[-1].output == "ok"
 
@@ -182,8 +183,8 @@ def test_a_tool_without_strict_is_the_responses_default():
 
 def test_allowed_tools_keeps_the_tools_it_names():
     other = {"type": "function", "function": {"name": "other", "parameters": {"type": "object"}}}
-    choice = {"type": "allowed_tools", "allowed_tools": {
-        "mode": "required", "tools": [{"type": "function", "function": {"name": "get_weather"}}]}}  # fmt: skip
+    named = [{"type": "function", "function": {"name": "get_weather"}}]
+    choice = {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": named}}
     create = parse(tools=[WEATHER, other], tool_choice=choice).create
     assert [t.name for t in create.tools] == ["get_weather"]
     assert create.tool_mode == "required"
@@ -264,7 +265,7 @@ def test_the_deprecated_max_tokens_is_the_limit_too():
         ({"top_logprobs": 2}, "top_logprobs"),  # without logprobs=True
         ({"logprobs": "yes"}, "logprobs"),
         ({"n": 0}, "n"),
-        ({"n": 17}, "n"),
+        ({"n": 129}, "n"),
         ({"stop": 3}, "stop"),
         ({"stop": [""]}, "stop"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),  # needs stream
@@ -273,13 +274,14 @@ def test_the_deprecated_max_tokens_is_the_limit_too():
         ({"stream": True, "stream_options": {"colour": True}}, "stream_options.colour"),
         ({"frequency_penalty": 0.5}, "frequency_penalty"),
         ({"presence_penalty": 0.5}, "presence_penalty"),
-        ({"logit_bias": {"50": 10}}, "logit_bias"),
+        ({"logit_bias": {"50": 101}}, "logit_bias"),
+        ({"logit_bias": {"x": 1}}, "logit_bias"),
         ({"functions": [{"name": "f"}]}, "functions"),
         ({"audio": {"voice": "x"}}, "audio"),
         ({"modalities": ["text", "audio"]}, "modalities"),
         ({"reasoning_effort": "huge"}, "reasoning_effort"),
         ({"colour": "red"}, "colour"),
-        ({"top_k": 5}, "top_k"),
+        ({"top_k": -2}, "top_k"),
         ({"ignore_eos": True}, "ignore_eos"),
         ({"prompt_logprobs": 1}, "prompt_logprobs"),
         ({"add_generation_prompt": False}, "add_generation_prompt"),
@@ -304,7 +306,7 @@ def test_the_model_must_be_this_one():
 def test_stream_options_and_vllm_switches():
     req = parse(stream=True, stream_options={"include_usage": True,
                                              "continuous_usage_stats": False})  # fmt: skip
-    assert req.stream and req.include_usage and not req.continuous_usage_stats
+    assert req.stream and req.include_usage and not req.options.continuous_usage_stats
     assert parse(chat_template_kwargs={"enable_thinking": False}).create.reasoning.effort == "none"
     assert parse(add_generation_prompt=True, continue_final_message=False, top_k=-1).n == 1
     assert parse(modalities=["text"], store=False, user="u", metadata={"a": "b"}).n == 1
@@ -358,3 +360,17 @@ def test_arguments_json_tells_a_cut_call():
     assert chat.arguments_json('{"unit": "c"}')
     assert not chat.arguments_json('{"unit": "f')
     assert not chat.arguments_json("[1]")
+
+
+def test_top_k_logit_bias_and_seeds_are_the_request_cores():
+    """The rules are ``protocol/generation.py``'s: the same values as the other APIs."""
+    from nbresponses.protocol.generation import parse_sampling
+    from nbresponses.runtime.sampling import derived_seeds
+
+    req = parse(top_k=5, logit_bias={"50": 10, 7: -100}, seed=11, n=3, temperature=0.7, top_p=0)
+    assert req.sampling == parse_sampling(
+        {"top_k": 5, "logit_bias": {"50": 10, 7: -100}, "seed": 11, "temperature": 0.7, "top_p": 0}
+    )
+    assert req.sampling.greedy  # top_p=0 is greedy, on every API
+    assert req.choice_seeds() == derived_seeds(11, 3)
+    assert parse(seed=11).choice_seeds() == [11]  # one choice: the seed itself

@@ -307,3 +307,19 @@ def test_an_unknown_model_is_a_404(tokenizer):
         response = http.post("/v1/chat/completions", json={"model": "gpt-9", "messages": USER})
     assert response.status_code == 404
     assert response.json()["error"]["code"] == "model_not_found"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_continuous_usage_stats_count_the_tokens_so_far(tokenizer, kind):
+    client, source = scripted(tokenizer, ANSWER)
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    with Target(kind, client) as target:
+        chunks = await collect(
+            await target.openai().chat.completions.create(
+                model=MODEL, messages=USER, stream=True, stream_options=options
+            )
+        )
+    counts = [c.usage.completion_tokens for c in chunks]
+    assert all(c.usage.prompt_tokens == len(source.prompts[0]) for c in chunks)
+    assert counts == sorted(counts) and counts[-1] == len(ids(tokenizer, ANSWER))
+    assert chunks[-1].choices == []
