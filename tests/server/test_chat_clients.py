@@ -43,10 +43,10 @@ def get_weather(city: str) -> str:
 # -- langchain --------------------------------------------------------------------------------
 
 
-def langchain_model(server: ThreadedServer, **options):
+def langchain_model(server: ThreadedServer, model: str = MODEL, **options):
     langchain_openai = pytest.importorskip("langchain_openai")
     return langchain_openai.ChatOpenAI(
-        model=MODEL, base_url=server.base_url, api_key="unused", max_retries=0, **options
+        model=model, base_url=server.base_url, api_key="unused", max_retries=0, **options
     )
 
 
@@ -94,10 +94,10 @@ async def test_langchain_astream_with_usage(tokenizer):
 # -- litellm ----------------------------------------------------------------------------------
 
 
-def litellm_call(server: ThreadedServer, **kwargs):
+def litellm_call(server: ThreadedServer, model: str = MODEL, **kwargs):
     litellm = pytest.importorskip("litellm")
     return litellm.completion(
-        model=f"openai/{MODEL}", api_base=server.base_url, api_key="unused", **kwargs
+        model=f"openai/{model}", api_base=server.base_url, api_key="unused", **kwargs
     )
 
 
@@ -118,8 +118,8 @@ def test_litellm_completion_with_logprobs_and_stream(tokenizer):
 
 def test_litellm_tools(tokenizer):
     client, _ = scripted(tokenizer, required(tool_call("get_weather", {"city": "Oslo"})))
-    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]  # fmt: skip
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": schema}}]
     with ThreadedServer(client) as server:
         done = litellm_call(server, messages=[{"role": "user", "content": QUESTION}],
                             tools=tools, tool_choice="required")  # fmt: skip
@@ -132,12 +132,12 @@ def test_litellm_tools(tokenizer):
 # -- pydantic-ai ------------------------------------------------------------------------------
 
 
-def pydantic_ai_agent(target_openai, output_type):
+def pydantic_ai_agent(target_openai, output_type, model_name: str = MODEL):
     pydantic_ai = pytest.importorskip("pydantic_ai")
     from pydantic_ai.models.openai import OpenAIChatModel
     from pydantic_ai.providers.openai import OpenAIProvider
 
-    model = OpenAIChatModel(MODEL, provider=OpenAIProvider(openai_client=target_openai))
+    model = OpenAIChatModel(model_name, provider=OpenAIProvider(openai_client=target_openai))
     return pydantic_ai.Agent(model, output_type=output_type, tools=[get_weather])
 
 
@@ -209,16 +209,17 @@ async def test_every_client_runs_on_the_bundled_model(engine):
     agents.set_tracing_disabled(True)
     question = "What is the capital of France? Answer in one word."
     with ThreadedServer(engine.client()) as server:
-        llm = langchain_model(server, temperature=0, max_tokens=12)
+        name = engine.model
+        llm = langchain_model(server, name, temperature=0, max_tokens=12)
         lc = (await llm.ainvoke(question)).content
         lc_stream = "".join([c.content async for c in llm.astream(question)])
-        lite = litellm_call(server, messages=[{"role": "user", "content": question}],
+        lite = litellm_call(server, name, messages=[{"role": "user", "content": question}],
                             temperature=0, max_tokens=12, logprobs=True)  # fmt: skip
         sdk = await server.openai().chat.completions.create(
             model=engine.model, messages=[{"role": "user", "content": question}],
             temperature=0, max_tokens=12,
         )  # fmt: skip
-        agent = pydantic_ai_agent(server.openai(), str)
+        agent = pydantic_ai_agent(server.openai(), str, name)
         pai = await agent.run(question, model_settings={"temperature": 0, "max_tokens": 12})
         model = agents.OpenAIChatCompletionsModel(model=engine.model,
                                                   openai_client=server.openai())  # fmt: skip
