@@ -425,8 +425,8 @@ def _tool_choice(value: Any, tools: list[dict[str, Any]]) -> tuple[Any, list[dic
         names = set()
         for j, raw in enumerate(entries):
             entry = _as_dict(raw, f"tool_choice.allowed_tools.tools[{j}]")
-            function = entry.get("function")
-            name = function.get("name") if isinstance(function, Mapping) else entry.get("name")
+            named = entry.get("function")
+            name = named.get("name") if isinstance(named, Mapping) else entry.get("name")
             if entry.get("type") != "function" or name not in {t.get("name") for t in tools}:
                 raise bad_request(
                     f"Invalid 'tool_choice.allowed_tools.tools[{j}]': not a function of 'tools'.",
@@ -518,7 +518,9 @@ def new_chat_id() -> tuple[str, int]:
 
 def token_logprob(lp: TokenLogprob) -> ChatCompletionTokenLogprob:
     """One token in Chat's logprobs shape (token, logprob, bytes, top alternatives)."""
-    extra = {} if lp.processed_logprob is None else {"processed_logprob": lp.processed_logprob}
+    extra: dict[str, Any] = {}
+    if lp.processed_logprob is not None:
+        extra["processed_logprob"] = lp.processed_logprob
     return ChatCompletionTokenLogprob(
         token=lp.token,
         logprob=lp.logprob,
@@ -560,7 +562,7 @@ def choice(
     logprobs: Sequence[TokenLogprob] | None,
 ) -> completion_types.Choice:
     """A finished choice: content (None when only calls were made), calls, logprobs."""
-    extra = {} if reasoning is None else {"reasoning_content": reasoning}
+    extra: dict[str, Any] = {} if reasoning is None else {"reasoning_content": reasoning}
     message = ChatCompletionMessage(
         role="assistant",
         content=content,

@@ -323,3 +323,19 @@ async def test_continuous_usage_stats_count_the_tokens_so_far(tokenizer, kind):
     assert all(c.usage.prompt_tokens == len(source.prompts[0]) for c in chunks)
     assert counts == sorted(counts) and counts[-1] == len(ids(tokenizer, ANSWER))
     assert chunks[-1].choices == []
+
+
+def test_the_body_lm_eval_local_chat_completions_posts(tokenizer):
+    """lm-eval's ``local-chat-completions`` posts plain JSON: messages, model, max_tokens,
+    temperature, its ``until`` strings as ``stop`` (five with the end-of-text one) and a seed,
+    and reads ``choices[i].message.content`` (a body it cannot parse scores as empty)."""
+    client, _ = scripted(tokenizer, "The answer is 4.\n\nQuestion: next")
+    body = {"messages": [{"role": "user", "content": "Question: 2 + 2?\nAnswer:"}],
+            "model": MODEL, "max_tokens": 256, "temperature": 0, "seed": 1234,
+            "stop": ["\n\n", "Question:", "Q:", "</s>", "<|im_end|>"]}  # fmt: skip
+    with Target("http", client) as target, target.server.http() as http:
+        response = http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    (choice,) = response.json()["choices"]
+    assert choice["message"]["content"] == "The answer is 4."
+    assert choice["finish_reason"] == "stop"
