@@ -339,3 +339,36 @@ def test_the_body_lm_eval_local_chat_completions_posts(tokenizer):
     (choice,) = response.json()["choices"]
     assert choice["message"]["content"] == "The answer is 4."
     assert choice["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_the_sdks_stream_helper_parses_a_typed_answer(tokenizer, kind):
+    class City(pydantic.BaseModel):
+        name: str
+
+    client, _ = scripted(tokenizer, '{"name": "Paris"}')
+    with Target(kind, client) as target:
+        async with target.openai().chat.completions.stream(
+            model=MODEL, messages=USER, response_format=City
+        ) as stream:
+            kinds = [event.type async for event in stream]
+            final = await stream.get_final_completion()
+    assert "content.delta" in kinds and "content.done" in kinds
+    assert final.choices[0].message.parsed == City(name="Paris")
+
+
+async def test_echo_starts_the_answer_with_the_last_assistant_message(tokenizer):
+    client, _ = scripted(tokenizer, "4.", "4.")
+    messages = [*USER, {"role": "assistant", "content": "The answer is "}]
+    with Target("inprocess", client) as target:
+        sdk = target.openai()
+        done = await sdk.chat.completions.create(
+            model=MODEL, messages=messages, extra_body={"echo": True}
+        )
+        chunks = await collect(
+            await sdk.chat.completions.create(
+                model=MODEL, messages=messages, stream=True, extra_body={"echo": True}
+            )
+        )
+    assert done.choices[0].message.content == "The answer is 4."
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "The answer is 4."
