@@ -372,3 +372,31 @@ async def test_echo_starts_the_answer_with_the_last_assistant_message(tokenizer)
         )
     assert done.choices[0].message.content == "The answer is 4."
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "The answer is 4."
+
+
+JUNK = (None, -1, "x", [1], {"a": {}}, True, 10**30, 1.5)
+
+
+async def test_no_value_of_any_parameter_is_a_500(tokenizer):
+    """Every parameter the SDK and vLLM name, with values of every JSON type: an answer or a
+    named 4xx, never a server error."""
+    from nbresponses.protocol.chat import EXTENSIONS, SDK_PARAMETERS
+
+    names = sorted((SDK_PARAMETERS | EXTENSIONS) - {"extra_body", "extra_headers", "extra_query",
+                                                    "timeout", "stream"})  # fmt: skip
+    client, _ = scripted(tokenizer, *["ok."] * (len(names) * len(JUNK)))
+    with Target("inprocess", client) as target:
+        sdk = target.openai()
+        for name in names:
+            for value in JUNK:
+                body = {name: value} if name != "messages" else {"messages": value}
+                if name == "model":
+                    continue  # (a model name that is not a string: the SDK's own check)
+                try:
+                    await sdk.chat.completions.create(
+                        **{"model": MODEL, "messages": USER, "extra_body": body}
+                    )
+                except openai.APIStatusError as exc:
+                    assert 400 <= exc.status_code < 500, (name, value, exc)
+                    if exc.status_code == 400:
+                        assert exc.body["param"], (name, value, exc)

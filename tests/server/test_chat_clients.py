@@ -101,6 +101,7 @@ def litellm_call(server: ThreadedServer, model: str = MODEL, **kwargs):
     )
 
 
+@pytest.mark.slow  # importing litellm takes seconds
 def test_litellm_completion_with_logprobs_and_stream(tokenizer):
     answer = "Oslo is sunny."
     client, _ = scripted(tokenizer, answer, answer)
