@@ -9,9 +9,11 @@ from typing import Any
 import openai
 import pytest
 from helpers.responses import EOS, client_for, ids
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from openai.types import Completion
 
-from nbresponses.protocol.completions import DEFAULT_MAX_TOKENS, parse_completion
+from nbresponses.protocol.completions import DEFAULT_MAX_TOKENS, KNOWN, parse_completion
 from nbresponses.protocol.generation import Sampling, StreamOptions
 from nbresponses.runtime import sampling as sampler
 from nbresponses.tokens.scripted import Script
@@ -215,3 +217,30 @@ async def test_echo_with_n_scores_the_prompt_once(tokenizer):
     assert echoed[0] == echoed[1] == echoed[2] and echoed[0][0] is None
     scorings = [p for p in source.params if p.forced_tokens]
     assert len(scorings) == 1 and len(source.params) == 4  # one scoring, three generations
+
+
+# -- any body: a 400 (or 404) naming what was wrong, or a request ---------------------------
+
+SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(st.characters(codec=None, exclude_categories=()), max_size=6)
+)
+JSON = st.recursive(
+    SCALARS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner,
+                                                                max_size=4),
+    max_leaves=10,
+)  # fmt: skip
+KEYS = sorted(KNOWN | {"extra_body", "timeout", "bogus"})
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(body=st.dictionaries(st.sampled_from(KEYS), JSON, max_size=6))
+def test_any_body_is_a_named_4xx_or_a_request(body):
+    try:
+        parse_completion(body, model="m")
+    except (openai.BadRequestError, openai.NotFoundError) as err:
+        assert err.param and err.body["param"] == err.param
