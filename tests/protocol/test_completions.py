@@ -243,4 +243,4 @@ def test_any_body_is_a_named_4xx_or_a_request(body):
     try:
         parse_completion(body, model="m")
     except (openai.BadRequestError, openai.NotFoundError) as err:
-        assert err.param and err.body["param"] == err.param
+        assert err.param is not None and err.body["param"] == err.param  # ("" names "")
