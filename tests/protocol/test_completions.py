@@ -57,6 +57,7 @@ def test_what_lm_eval_and_vllm_clients_send_is_accepted():
         ({"n": 0}, "n", "integer_out_of_range"),
         ({"n": 129}, "n", "integer_out_of_range"),
         ({"best_of": 2}, "best_of", "unsupported_parameter"),
+        ({"best_of": 1, "n": 2}, "best_of", None),  # OpenAI's and vLLM's rule: best_of >= n
         ({"presence_penalty": 0.5}, "presence_penalty", "unsupported_parameter"),
         ({"suffix": "x"}, "suffix", "unsupported_parameter"),
         ({"logit_bias": {"x": 1}}, "logit_bias", None),
