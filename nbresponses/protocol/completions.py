@@ -103,6 +103,10 @@ def parse_completion(kwargs: Mapping[str, Any], *, model: str) -> CompletionRequ
     limit = token_limit(params, "max_tokens", low=0)
     req.max_tokens = DEFAULT_MAX_TOKENS if limit is None else limit
     req.n = choice_count(params)
+    if params.get("best_of", req.n) < req.n:  # (best_of is 1 here: the check above)
+        raise bad_request(
+            f"best_of ({params['best_of']}) must be at least n ({req.n}).", param="best_of"
+        )
     req.echo = boolean(params, "echo", False)
     req.logprobs = logprob_count(params, "logprobs")
     req.prompt_logprobs = logprob_count(params, "prompt_logprobs")

@@ -14,6 +14,8 @@ from helpers.server import ThreadedServer
 from openai.types import Completion
 
 from nbresponses.engine import Engine
+from nbresponses.runtime.generator import TokenGenerator
+from nbresponses.runtime.sampling import derived_seeds
 from nbresponses.tokens.contract import SamplingParams
 
 pytestmark = pytest.mark.timeout(120)
@@ -294,3 +296,40 @@ def test_a_stream_that_fails_after_it_began_says_so_in_band(fused_engine):
         with pytest.raises(openai.APIError):
             for _ in server.openai(sync=True).completions.create(model=fused_engine.model, **bad):
                 pass
+
+
+async def test_n_choices_are_the_seeded_requests_alone_and_share_one_prefill(tiny_fused, tokenizer):
+    """``n`` choices of one prompt are admitted in one round and share its prefill (no prefix
+    cache here: only a shared prefill can reuse the prompt), and choice ``j`` is bit for bit the
+    prompt sent alone with ``seed=derived_seeds(seed, n)[j]``, streamed or not."""
+    engine = Engine(
+        TokenGenerator(tiny_fused, tokenizer=tokenizer, prefix_cache_bytes=0), store_path="memory"
+    )
+    try:
+        client = engine.openai()
+        ids = document(engine, "Once upon a time")
+        kwargs = dict(model=engine.model, prompt=ids, max_tokens=10, temperature=1.3, logprobs=2,
+                      extra_body={"ignore_eos": True})  # fmt: skip
+        many = await client.completions.create(**kwargs, n=4, seed=11)
+        assert [c.index for c in many.choices] == [0, 1, 2, 3]
+        assert many.usage.prompt_tokens == len(ids) and many.usage.completion_tokens == 40
+        assert many.usage.prompt_tokens_details.cached_tokens == len(ids)  # one prefill
+        assert len({c.text for c in many.choices}) > 1  # the seeds draw different answers
+        for seed, choice in zip(derived_seeds(11, 4), many.choices, strict=True):
+            alone = (await client.completions.create(**kwargs, seed=seed)).choices[0]
+            assert alone.text == choice.text
+            assert alone.logprobs.token_logprobs == choice.logprobs.token_logprobs
+            assert alone.logprobs.top_logprobs == choice.logprobs.top_logprobs
+        options = {"include_usage": True, "continuous_usage_stats": True}
+        stream = await client.completions.create(
+            **kwargs, n=4, seed=11, stream=True, stream_options=options
+        )
+        chunks = [c async for c in stream]
+        texts = ["" for _ in range(4)]
+        for chunk in chunks[:-1]:
+            texts[chunk.choices[0].index] += chunk.choices[0].text
+            assert chunk.usage.prompt_tokens == len(ids)  # vLLM's per-choice usage so far
+        assert texts == [c.text for c in many.choices]
+        assert chunks[-1].usage.completion_tokens == 40
+    finally:
+        await engine.aclose()
