@@ -400,3 +400,44 @@ async def test_no_value_of_any_parameter_is_a_500(tokenizer):
                     assert 400 <= exc.status_code < 500, (name, value, exc)
                     if exc.status_code == 400:
                         assert exc.body["param"], (name, value, exc)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_n_choices_streamed_each_with_its_role_and_finish(tokenizer, kind):
+    texts = ["One.", "Two words."]
+    client, _ = scripted(tokenizer, *texts)
+    with Target(kind, client) as target:
+        chunks = await collect(
+            await target.openai().chat.completions.create(
+                model=MODEL,
+                messages=USER,
+                n=2,
+                seed=3,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
+    by_index: dict[int, list] = {0: [], 1: []}
+    for chunk in chunks[:-1]:
+        (choice,) = chunk.choices
+        by_index[choice.index].append(choice)
+    for choices in by_index.values():
+        assert choices[0].delta.role == "assistant"
+        assert [c.finish_reason for c in choices][-1] == "stop"
+        assert all(c.finish_reason is None for c in choices[:-1])
+    contents = ["".join(c.delta.content or "" for c in by_index[i]) for i in (0, 1)]
+    assert sorted(contents) == sorted(texts)
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == sum(
+        len(ids(tokenizer, t)) for t in texts
+    )
+
+
+async def test_closing_a_stream_stops_its_generations(tokenizer):
+    client, _ = scripted(tokenizer, "word " * 200, delay=0.01)
+    stream = await client.chat.completions.create(messages=USER, stream=True)
+    first = await anext(aiter(stream))
+    assert first.choices[0].delta.role == "assistant"
+    await stream.close()
+    (choice,) = stream._choices
+    assert choice.run.done.is_set() and choice.run.response.status == "cancelled"
+    assert choice.run.response.usage.output_tokens < 200
