@@ -107,6 +107,7 @@ class ChatRequest:
     echo_text: str = ""  # what ``echo`` puts first (the last message's text when assistant)
     logprobs: bool = False
     top_logprobs: int = 0
+    prompt_logprobs: int | None = None  # vLLM: the rendered prompt's logprobs, top-k each
 
     @property
     def include_usage(self) -> bool:
@@ -156,11 +157,11 @@ def parse_chat(kwargs: Mapping[str, Any], *, model: str) -> ChatRequest:
         req.echo_text = _echo_text(params["messages"])
     if boolean(params, "ignore_eos", False):
         raise unsupported("ignore_eos", "an answer ends at the model's end of turn.")
-    if "prompt_logprobs" in params:
-        raise unsupported(
-            "prompt_logprobs",
-            "score a chat prompt with /v1/completions (echo=True, logprobs=k) on the rendered "
-            "prompt, or engine.score.",
+    req.prompt_logprobs = logprob_count(params, "prompt_logprobs")
+    if req.prompt_logprobs is not None and req.stream:
+        raise bad_request(
+            "'prompt_logprobs' needs stream=False (they come with the whole completion).",
+            param="prompt_logprobs",
         )
     req.create = _responses_request(params, items, req, model)
     return req
@@ -595,7 +596,11 @@ def completion(
     model: str,
     choices: list[completion_types.Choice],
     usage: CompletionUsage,
+    prompt_logprobs: list[Any] | None = None,
 ) -> ChatCompletion:
+    """The whole completion; vLLM's ``prompt_logprobs`` (per prompt position None or {token id:
+    {"logprob", "rank", "decoded_token"}}) is an extra field the SDK's type keeps."""
+    extra: dict[str, Any] = {} if prompt_logprobs is None else {"prompt_logprobs": prompt_logprobs}
     return ChatCompletion(
         id=chat_id,
         object="chat.completion",
@@ -604,6 +609,7 @@ def completion(
         choices=choices,
         usage=usage,
         system_fingerprint=None,
+        **extra,
     )
 
 

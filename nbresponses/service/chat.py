@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -29,28 +29,36 @@ from typing import TYPE_CHECKING, Any
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import ResponseFunctionToolCall
 
-from nbresponses.families.base import OutputReader, RenderedPrompt
+from nbresponses.families.base import Family, OutputReader, RenderedPrompt
 from nbresponses.protocol import chat as shapes
+from nbresponses.protocol import completions as completion_shapes
 from nbresponses.protocol.chat import ChatRequest, FinishReason, ToolCall
+from nbresponses.protocol.completions import TokenEntry
 from nbresponses.protocol.errors import server_error
 from nbresponses.protocol.events import EventBuilder, TokenLogprob
 from nbresponses.protocol.generation import check_token_ids
 from nbresponses.service.run import ResponseRun
+from nbresponses.service.scoring import Scoring
 from nbresponses.tokens.contract import TokenIdLogprob
 
 if TYPE_CHECKING:
     from nbresponses.service.client import AsyncResponses, ReaderFactory
+    from nbresponses.service.completions import AsyncCompletions
 
 
 class _Counter:
     """Counts the tokens a run's output reader is fed (vLLM's ``continuous_usage_stats``)."""
 
     def __init__(self) -> None:
-        self.prompt_tokens = 0
+        self.prompt_ids: list[int] = []
         self.tokens = 0
 
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
     def wrap(self, prompt: RenderedPrompt) -> ReaderFactory:
-        self.prompt_tokens = len(prompt.ids)
+        self.prompt_ids = list(prompt.ids)
 
         def make(builder: EventBuilder) -> OutputReader:
             return _CountedReader(prompt.output_reader(builder), self)
@@ -361,20 +369,28 @@ async def _fold(choice: _Choice) -> Any:
 class AsyncChatCompletions:
     """``client.chat.completions``: ``create`` as ``openai.AsyncOpenAI().chat.completions``."""
 
-    def __init__(
-        self,
-        responses: AsyncResponses,
-        *,
-        model: str,
-        vocab_size: Callable[[], int | None] = lambda: None,
-    ) -> None:
+    def __init__(self, responses: AsyncResponses, completions: AsyncCompletions) -> None:
         self._responses = responses
-        self.model = model
-        self._vocab_size = vocab_size
+        self._completions = completions  # the scorer and vocabulary the Completions API reads
+        self.model = completions.model
+
+    async def _prompt_logprobs(self, ids: list[int], top: int) -> list[Any]:
+        """vLLM's ``prompt_logprobs`` of the rendered prompt: the engine's scoring, as the
+        Completions API's ``prompt_logprobs`` gives them for the same ids."""
+        family = self._completions.family
+        scored: list[TokenIdLogprob | None] = [None] * len(ids)
+        if len(ids) > 1:
+            job = Scoring(ids[:1], ids[1:])
+            logprobs, _ = await self._completions.scorer.logprobs(job, top_logprobs=top,
+                                                                  method="prefill")  # fmt: skip
+            scored = [None, *logprobs]
+        return completion_shapes.prompt_logprobs(
+            [_entry(family, i, lp) for i, lp in zip(ids, scored, strict=True)], top
+        )
 
     def _start(self, req: ChatRequest) -> list[_Choice]:
         """One run per choice, admitted together so they share the prompt's prefill."""
-        check_token_ids(req.sampling.logit_bias, self._vocab_size())
+        check_token_ids(req.sampling.logit_bias, self._completions.vocab_size())
         create, n = req.create, req.n
         seeds = req.choice_seeds()
         source = self._responses.source
@@ -410,22 +426,39 @@ class AsyncChatCompletions:
         chat_id, created = shapes.new_chat_id()
         tasks = [asyncio.ensure_future(_fold(c)) for c in choices]
         try:
+            prompt = None
+            if req.prompt_logprobs is not None:
+                ids = choices[0].counter.prompt_ids
+                prompt = await self._prompt_logprobs(ids, req.prompt_logprobs)
             folded = await asyncio.gather(*tasks)
         finally:
             if not all(t.done() for t in tasks):  # one failed, or we were cancelled
                 with contextlib.suppress(Exception):
                     await _stop(choices, [t for t in tasks if not t.done()])
-        return shapes.completion(chat_id, created, self.model, list(folded), _usage(choices))
+        usage = _usage(choices)
+        return shapes.completion(chat_id, created, self.model, list(folded), usage, prompt)
 
 
 class AsyncChat:
     """``client.chat``, holding ``completions`` as the SDK does."""
 
-    def __init__(
-        self,
-        responses: AsyncResponses,
-        *,
-        model: str,
-        vocab_size: Callable[[], int | None] = lambda: None,
-    ) -> None:
-        self.completions = AsyncChatCompletions(responses, model=model, vocab_size=vocab_size)
+    def __init__(self, responses: AsyncResponses, completions: AsyncCompletions) -> None:
+        self.completions = AsyncChatCompletions(responses, completions)
+
+
+def _entry(family: Family, token_id: int, lp: TokenIdLogprob | None) -> TokenEntry:
+    """A prompt token as the Completions shapes read it (its string; its logprob when scored)."""
+    if lp is None:
+        return TokenEntry(
+            id=token_id, token=family.token_logprob(TokenIdLogprob(token_id, 0.0)).token, offset=0
+        )
+    given = family.token_logprob(lp)
+    return TokenEntry(
+        id=token_id,
+        token=given.token,
+        offset=0,
+        logprob=given,
+        top_ids=tuple(t for t, _ in lp.top),
+        rank=lp.rank,
+        entropy=lp.entropy,
+    )

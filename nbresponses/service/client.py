@@ -87,7 +87,7 @@ class AsyncResponsesClient:
         # The legacy Completions API on the same engine (prompt logprobs for scoring tools).
         self.completions = AsyncCompletions(source, self.family, model=model)
         # Chat Completions: an adapter over ``responses`` (service/chat.py).
-        self.chat = AsyncChat(self.responses, model=model, vocab_size=self.completions.vocab_size)
+        self.chat = AsyncChat(self.responses, self.completions)
 
     def stats(self) -> dict[str, Any]:
         """The store's fill and the token source's figures (the engine: rows, KV, prefix cache)."""

@@ -8,7 +8,7 @@ import pytest
 from helpers.server import Target
 
 from nbresponses.engine import Engine
-from nbresponses.protocol.request import LOGPROBS_INCLUDE
+from nbresponses.protocol.request import LOGPROBS_INCLUDE, parse_create
 from nbresponses.runtime.generator import TokenGenerator
 from nbresponses.runtime.sampling import derived_seeds
 
@@ -130,3 +130,24 @@ async def test_logit_bias_steers_the_choice(engine):
         logit_bias={str(target): 100},
     )  # fmt: skip
     assert biased.choices[0].logprobs.content[0].token == family.decode([target])
+
+
+async def test_prompt_logprobs_are_the_completions_apis_for_the_rendered_prompt(engine):
+    """vLLM's ``prompt_logprobs`` on a chat request: the rendered prompt's ids scored by the
+    engine, the very entries ``/v1/completions`` gives for those ids."""
+    client = engine.client()
+    req = parse_create({"instructions": SYSTEM, "input": QUESTION}, model=engine.model)
+    ids = client.family.render(req, req.input).ids
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]
+    sdk = engine.openai()
+    chat = await sdk.chat.completions.create(
+        model=engine.model, messages=messages, max_tokens=1, temperature=0,
+        extra_body={"prompt_logprobs": 2},
+    )  # fmt: skip
+    completion = await sdk.completions.create(
+        model=engine.model, prompt=ids, max_tokens=1, temperature=0,
+        extra_body={"prompt_logprobs": 2},
+    )  # fmt: skip
+    scored = chat.model_extra["prompt_logprobs"]
+    assert len(scored) == len(ids) == chat.usage.prompt_tokens and scored[0] is None
+    assert scored == completion.choices[0].model_extra["prompt_logprobs"]
