@@ -441,3 +441,25 @@ async def test_closing_a_stream_stops_its_generations(tokenizer):
     (choice,) = stream._choices
     assert choice.run.done.is_set() and choice.run.response.status == "cancelled"
     assert choice.run.response.usage.output_tokens < 200
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_parallel_tool_calls_streamed_with_their_own_indices(tokenizer, kind):
+    calls = (
+        tool_call("get_weather", {"city": "Oslo"})
+        + "\n"
+        + tool_call("get_weather", {"city": "Rome"})
+    )
+    client, _ = scripted(tokenizer, calls, calls)
+    request = {"model": MODEL, "messages": USER, "tools": [WEATHER]}
+    with Target(kind, client) as target:
+        sdk = target.openai()
+        whole = await sdk.chat.completions.create(**request)
+        chunks = await collect(await sdk.chat.completions.create(**request, stream=True))
+    made = whole.choices[0].message.tool_calls
+    assert [json.loads(c.function.arguments) for c in made] == [{"city": "Oslo"}, {"city": "Rome"}]
+    assert len({c.id for c in made}) == 2
+    heads = [d for c in chunks for d in (c.choices[0].delta.tool_calls or []) if d.id]
+    assert [d.index for d in heads] == [0, 1]
+    again = folded(chunks).choices[0].message.tool_calls
+    assert [c.function.arguments for c in again] == [c.function.arguments for c in made]
