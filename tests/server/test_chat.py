@@ -463,3 +463,21 @@ async def test_parallel_tool_calls_streamed_with_their_own_indices(tokenizer, ki
     assert [d.index for d in heads] == [0, 1]
     again = folded(chunks).choices[0].message.tool_calls
     assert [c.function.arguments for c in again] == [c.function.arguments for c in made]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_json_object_and_a_non_strict_schema_are_held_by_grammar(tokenizer, kind):
+    client, source = scripted(tokenizer, '{"a": 1}', '{"answer": "yes"}')
+    schema = {"type": "object", "properties": {"answer": {"type": "string"}}}
+    with Target(kind, client) as target:
+        sdk = target.openai()
+        one = await sdk.chat.completions.create(
+            model=MODEL, messages=USER, response_format={"type": "json_object"}
+        )
+        two = await sdk.chat.completions.create(
+            model=MODEL, messages=USER, response_format={"type": "json_schema",
+            "json_schema": {"name": "answer", "schema": schema}},
+        )  # fmt: skip
+    assert json.loads(one.choices[0].message.content) == {"a": 1}
+    assert json.loads(two.choices[0].message.content) == {"answer": "yes"}
+    assert all(p.constraint is not None for p in source.params)
