@@ -3,8 +3,11 @@
 ``parse_completion`` turns the keywords of ``openai.AsyncOpenAI().completions.create`` (and
 the JSON body a raw client such as lm-evaluation-harness's ``local-completions`` posts) into a
 ``CompletionRequest``; everything is supported or rejected with a 400 naming it, as for the
-Responses API. vLLM's extensions that scoring tools rely on are accepted too:
-``prompt_logprobs``, ``top_k``, ``ignore_eos``. ``score_method`` is ours: how prompt
+Responses API. The bounds and meanings of the shared fields (sampling, seeds, logprob counts,
+stops, ``n``, ``logit_bias``, ``stream_options``) are the request core's
+(``protocol/generation.py``); this module names the fields and builds the shapes. vLLM's
+extensions that scoring tools rely on are accepted too: ``prompt_logprobs``, ``top_k``,
+``ignore_eos``, ``stream_options.continuous_usage_stats``. ``score_method`` is ours: how prompt
 logprobs are computed (``"prefill"``, the default, or ``"decode"``; see
 docs/concepts/scoring.md).
 
@@ -27,17 +30,28 @@ from openai.types import Completion, CompletionChoice, CompletionUsage
 from openai.types.completion_choice import Logprobs
 from openai.types.completion_usage import PromptTokensDetails
 
-from nbresponses.protocol.errors import bad_request, not_found, unsupported
+from nbresponses.protocol.errors import bad_request, unsupported
 from nbresponses.protocol.events import TokenLogprob
+from nbresponses.protocol.generation import (
+    Sampling,
+    StreamOptions,
+    check_model,
+    check_names,
+    choice_count,
+    logprob_count,
+    parse_sampling,
+    request_body,
+    stop_strings,
+    stream_options,
+    token_limit,
+)
 from nbresponses.protocol.ids import new_id
-from nbresponses.protocol.request import TRANSPORT, check_values, given
-from nbresponses.protocol.values import integer, number
+from nbresponses.protocol.values import boolean
 
 SDK_PARAMETERS = frozenset(inspect.signature(AsyncCompletions.create).parameters) - {"self"}
 # vLLM's extensions (its OpenAI server) that we honour, and ours.
 EXTENSIONS = frozenset({"prompt_logprobs", "top_k", "ignore_eos", "score_method"})
-MAX_LOGPROBS = 20  # as the engine's top_logprobs (vLLM's default max_logprobs is 20 too)
-MAX_STOPS = 4  # OpenAI's limit on stop sequences
+KNOWN = SDK_PARAMETERS | EXTENSIONS
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy endpoint
 ScoreMethod = Literal["prefill", "decode"]
 FinishReason = Literal["stop", "length"]
@@ -45,21 +59,22 @@ FinishReason = Literal["stop", "length"]
 
 @dataclass
 class CompletionRequest:
-    """A validated completions call: prompts are text or token ids, one choice each."""
+    """A validated completions call: prompts are text or token ids, ``n`` choices each.
+
+    Choice ``i * n + j`` is prompt ``i``'s ``j``-th (OpenAI's and vLLM's order); its seed is
+    ``sampling.choice_seeds(n)[j]``."""
 
     prompts: list[str | list[int]]
     model: str
     max_tokens: int = DEFAULT_MAX_TOKENS
+    n: int = 1
     echo: bool = False
     logprobs: int | None = None  # top-k alternatives per token; None: no logprobs
     prompt_logprobs: int | None = None  # vLLM: top-k per prompt position; None: none
     stream: bool = False
-    include_usage: bool = False  # stream_options.include_usage
+    stream_options: StreamOptions = field(default_factory=StreamOptions)
     stop: list[str] = field(default_factory=list)
-    seed: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
+    sampling: Sampling = field(default_factory=Sampling)
     ignore_eos: bool = False
     score_method: ScoreMethod = "prefill"
 
@@ -70,30 +85,14 @@ class CompletionRequest:
 
 
 def parse_completion(kwargs: Mapping[str, Any], *, model: str) -> CompletionRequest:
-    """Validate ``completions.create`` keywords (SDK names plus vLLM's extensions)."""
-    params = {k: v for k, v in kwargs.items() if k not in TRANSPORT and k != "extra_body"}
-    extra = kwargs.get("extra_body")
-    if given(extra):
-        if not isinstance(extra, Mapping):
-            raise bad_request("'extra_body' must be a mapping.", param="extra_body")
-        params.update(extra)
-    params = {k: v for k, v in params.items() if given(v)}
-    check_values(params)
-    for key in params:
-        if key not in SDK_PARAMETERS and key not in EXTENSIONS:
-            raise bad_request(f"Unknown parameter: '{key}'.", param=key, code="unknown_parameter")
-    if "model" in params and params["model"] != model:
-        raise not_found(
-            f"The model '{params['model']}' does not exist here; this server runs '{model}'.",
-            param="model",
-            code="model_not_found",
-        )
-    _only(params, "n", 1, "one choice per prompt (send the prompt again for more)")
-    _only(params, "best_of", 1, "one choice per prompt")
+    """Validate ``completions.create`` keywords (SDK names plus vLLM's extensions): the
+    Completions adapter over the request core (``protocol/generation.py``)."""
+    params = request_body(kwargs)
+    check_names(params, KNOWN)
+    check_model(params, model)
+    _only(params, "best_of", 1, "one candidate per choice; ask for n choices instead")
     _only(params, "frequency_penalty", 0, "the engine applies no penalties")
     _only(params, "presence_penalty", 0, "the engine applies no penalties")
-    if params.get("logit_bias"):
-        raise unsupported("logit_bias")
     if params.get("suffix"):
         raise unsupported("suffix", "there is no insertion mode")
     if "user" in params and not isinstance(params["user"], str):
@@ -101,18 +100,21 @@ def parse_completion(kwargs: Mapping[str, Any], *, model: str) -> CompletionRequ
     if "prompt" not in params:
         raise bad_request("Missing required parameter: 'prompt'.", param="prompt")
     req = CompletionRequest(prompts=_prompts(params["prompt"]), model=model)
-    req.max_tokens = integer(params, "max_tokens", 0, None, DEFAULT_MAX_TOKENS)
-    req.echo = _bool(params, "echo")
-    req.logprobs = integer(params, "logprobs", 0, MAX_LOGPROBS)
-    req.prompt_logprobs = integer(params, "prompt_logprobs", 0, MAX_LOGPROBS)
-    req.stream = _bool(params, "stream")
-    req.include_usage = _stream_options(params.get("stream_options"), req.stream)
-    req.stop = _stop(params.get("stop"))
-    req.seed = integer(params, "seed", -(2**63), 2**64 - 1)
-    req.temperature = number(params, "temperature", 0.0, 2.0, 1.0)
-    req.top_p = number(params, "top_p", 0.0, 1.0, 1.0)
-    req.top_k = integer(params, "top_k", -1, None, 0)
-    req.ignore_eos = _bool(params, "ignore_eos")
+    limit = token_limit(params, "max_tokens", low=0)
+    req.max_tokens = DEFAULT_MAX_TOKENS if limit is None else limit
+    req.n = choice_count(params)
+    if params.get("best_of", req.n) < req.n:  # (best_of is 1 here: the check above)
+        raise bad_request(
+            f"best_of ({params['best_of']}) must be at least n ({req.n}).", param="best_of"
+        )
+    req.echo = boolean(params, "echo", False)
+    req.logprobs = logprob_count(params, "logprobs")
+    req.prompt_logprobs = logprob_count(params, "prompt_logprobs")
+    req.stream = boolean(params, "stream", False)
+    req.stream_options = stream_options(params, stream=req.stream)
+    req.stop = stop_strings(params)
+    req.sampling = parse_sampling(params)
+    req.ignore_eos = boolean(params, "ignore_eos", False)
     method = params.get("score_method", "prefill")
     if method not in ("prefill", "decode"):
         raise bad_request(
@@ -167,48 +169,6 @@ def _prompts(value: Any) -> list[str | list[int]]:
 
 def _is_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _bool(params: Mapping[str, Any], key: str) -> bool:
-    value = params.get(key, False)
-    if not isinstance(value, bool):
-        raise bad_request(f"Invalid type for '{key}': expected a boolean.", param=key)
-    return value
-
-
-def _stop(value: Any) -> list[str]:
-    if value is None:
-        return []
-    stops = [value] if isinstance(value, str) else value
-    if not isinstance(stops, list | tuple) or len(stops) > MAX_STOPS:
-        raise bad_request(
-            f"'stop' must be a string or a list of at most {MAX_STOPS} strings.", param="stop"
-        )
-    for i, stop in enumerate(stops):
-        if not isinstance(stop, str) or not stop:
-            raise bad_request(f"Invalid 'stop[{i}]': expected a non-empty string.", param="stop")
-    return list(stops)
-
-
-def _stream_options(value: Any, stream: bool) -> bool:
-    if value is None:
-        return False
-    if not stream:
-        raise bad_request("'stream_options' needs stream=True.", param="stream_options")
-    if not isinstance(value, Mapping):
-        raise bad_request(
-            "'stream_options' must be an object such as {'include_usage': true}.",
-            param="stream_options",
-        )
-    for key, v in value.items():
-        if key != "include_usage":
-            raise unsupported(f"stream_options.{key}")
-        if not isinstance(v, bool):
-            raise bad_request(
-                "'stream_options.include_usage' must be a boolean.",
-                param="stream_options.include_usage",
-            )
-    return bool(value.get("include_usage", False))
 
 
 # -- response shapes ------------------------------------------------------------------------

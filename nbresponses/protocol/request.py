@@ -14,19 +14,32 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import openai
 from openai.resources.responses import AsyncResponses
 from openai.types.responses import FunctionTool, Tool
 from openai.types.shared import Reasoning
 from pydantic import TypeAdapter, ValidationError
 
-from nbresponses.protocol.errors import bad_request, not_found, unsupported
+from nbresponses.protocol.errors import bad_request, unsupported
+from nbresponses.protocol.generation import (
+    TRANSPORT,
+    Sampling,
+    check_model,
+    check_names,
+    check_values,
+    given,
+    logprob_count,
+    logprobs_mode,
+    parse_sampling,
+    plain,
+    request_body,
+    stream_options,
+    token_limit,
+)
 from nbresponses.protocol.items import InputItem, normalize_input
-from nbresponses.protocol.values import integer, number
+from nbresponses.protocol.values import boolean, integer, string
 from nbresponses.tools import registry
 from nbresponses.tools.base import ToolOptionError
 
-TRANSPORT = ("extra_headers", "extra_query", "timeout")
 SDK_PARAMETERS = frozenset(inspect.signature(AsyncResponses.create).parameters) - {"self"}
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 INCLUDABLE = (
@@ -34,7 +47,6 @@ INCLUDABLE = (
     *(t.answer_include for t in registry.BUILTIN_TOOLS if t.answer_include),
 )
 TOOL = TypeAdapter(Tool)
-MAX_DEPTH = 100  # levels of nesting in any parameter (a JSON schema needs far fewer)
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
 # Accepted because they are labels echoed on the Response, with no behaviour to honour.
@@ -42,8 +54,6 @@ ECHOED = ("user", "safety_identifier", "prompt_cache_key")
 # Not in the SDK (sent with ``extra_body``): vLLM's extension parameters that we honour, by
 # vLLM's names (``_extensions``), and our repetition_guard (docs/concepts/structured.md).
 EXTENSIONS = frozenset({"seed", "logprobs_mode", "repetition_guard"})
-LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
-INT64 = (-(2**63), 2**63 - 1)  # vLLM's bounds for ``seed``
 # In the SDK, not supported by a local chat-template engine.
 REJECTED = frozenset(
     {
@@ -52,6 +62,9 @@ REJECTED = frozenset(
         "prompt_cache_retention", "service_tier", "verbosity",
     }
 )  # fmt: skip
+KNOWN = SDK_PARAMETERS | EXTENSIONS | {"verbosity"}  # (verbosity: known, refused)
+STREAM_OPTIONS = frozenset({"include_obfuscation"})  # we never pad: nothing to turn off
+__all__ = ["TRANSPORT", "CreateRequest", "check_values", "given", "parse_create", "sampling_of"]
 
 
 @dataclass
@@ -91,46 +104,26 @@ class CreateRequest:
     logprobs_mode: str = "raw_logprobs"
 
 
-def given(value: Any) -> bool:
-    """False for None and the SDK's NOT_GIVEN / omit sentinels."""
-    return value is not None and not isinstance(value, openai.NotGiven | openai.Omit)
-
-
 def parse_create(kwargs: Mapping[str, Any], *, model: str) -> CreateRequest:
-    """Validate ``create`` keywords (SDK names) against what the engine can honour."""
-    params = {k: v for k, v in kwargs.items() if k not in TRANSPORT and k != "extra_body"}
-    extra = kwargs.get("extra_body")
-    if given(extra):
-        if not isinstance(extra, Mapping):
-            raise bad_request("'extra_body' must be a mapping.", param="extra_body")
-        params.update(extra)
-    params = {k: v for k, v in params.items() if given(v)}
-    check_values(params)
-    for key in params:
-        if key not in SDK_PARAMETERS and key != "verbosity" and key not in EXTENSIONS:
-            raise bad_request(f"Unknown parameter: '{key}'.", param=key, code="unknown_parameter")
-        if key in REJECTED:
-            raise unsupported(key)
-    if "model" in params and params["model"] != model:
-        raise not_found(
-            f"The model '{params['model']}' does not exist here; this client serves '{model}'.",
-            param="model",
-            code="model_not_found",
-        )
+    """Validate ``create`` keywords (SDK names) against what the engine can honour: the
+    Responses adapter over the request core (``protocol/generation.py``)."""
+    params = request_body(kwargs)
+    check_names(params, KNOWN, refused=REJECTED)
+    check_model(params, model)
     if "input" not in params:
         raise bad_request("Missing required parameter: 'input'.", param="input")
     req = CreateRequest(input=normalize_input(params["input"]), model=model)
-    req.instructions = _opt_str(params, "instructions")
-    req.stream = _bool(params, "stream", False)
-    req.background = _bool(params, "background", False)
-    req.store = _bool(params, "store", True)
+    req.instructions = string(params, "instructions")
+    req.stream = boolean(params, "stream", False)
+    req.background = boolean(params, "background", False)
+    req.store = boolean(params, "store", True)
     if req.background and not req.store:
         raise bad_request("Background responses must be stored: set store=True.", param="store")
-    req.previous_response_id = _opt_str(params, "previous_response_id")
-    req.max_output_tokens = integer(params, "max_output_tokens", 1, None)
-    req.temperature = number(params, "temperature", 0.0, 2.0, 1.0)
-    req.top_p = number(params, "top_p", 0.0, 1.0, 1.0)
-    req.top_logprobs = integer(params, "top_logprobs", 0, 20) or 0
+    req.previous_response_id = string(params, "previous_response_id")
+    req.max_output_tokens = token_limit(params, "max_output_tokens")
+    sampling = parse_sampling(params)
+    req.temperature, req.top_p, req.seed = sampling.temperature, sampling.top_p, sampling.seed
+    req.top_logprobs = logprob_count(params, "top_logprobs") or 0
     req.include = _include(params.get("include", []))
     # top_logprobs > 0 asks for alternatives, which only make sense with the logprobs.
     req.logprobs = LOGPROBS_INCLUDE in req.include or req.top_logprobs > 0
@@ -139,85 +132,26 @@ def parse_create(kwargs: Mapping[str, Any], *, model: str) -> CreateRequest:
     req.builtin_tools = [t for t in req.all_tools if not isinstance(t, FunctionTool)]
     req.max_tool_calls = integer(params, "max_tool_calls", 1, None)
     _tool_choice(req, params.get("tool_choice", "auto"))
-    req.parallel_tool_calls = _bool(params, "parallel_tool_calls", True)
+    req.parallel_tool_calls = boolean(params, "parallel_tool_calls", True)
     req.metadata = _metadata(params.get("metadata"))
     req.reasoning = _reasoning(params.get("reasoning"))
     req.text_format = _text_config(params.get("text"))
-    _stream_options(params.get("stream_options"), req.stream)
+    stream_options(params, stream=req.stream, accepted=STREAM_OPTIONS)
     if params.get("truncation", "disabled") != "disabled":
         raise unsupported("truncation", "only 'disabled' (an over-long prompt is an error).")
-    req.echoed = {k: _opt_str(params, k) for k in ECHOED if k in params}  # type: ignore[misc]
-    req.repetition_guard = _bool(params, "repetition_guard", True)
-    _extensions(req, params)
+    req.echoed = {k: string(params, k) for k in ECHOED if k in params}  # type: ignore[misc]
+    req.repetition_guard = boolean(params, "repetition_guard", True)
+    req.logprobs_mode = logprobs_mode(
+        params,
+        logprobs=req.logprobs,
+        ask=f"add include=['{LOGPROBS_INCLUDE}'] (or top_logprobs > 0)",
+    )
     return req
 
 
-def _extensions(req: CreateRequest, params: Mapping[str, Any]) -> None:
-    """vLLM's sampling extensions, with vLLM's names and types: ``seed`` (any int64; the
-    same seed gives the same tokens alone, batched, streamed or not) and ``logprobs_mode``
-    ("raw_logprobs", the default, or "processed_logprobs": each token's logprob under the
-    distribution it was drawn from is reported beside the raw one)."""
-    req.seed = integer(params, "seed", *INT64)
-    mode = params.get("logprobs_mode", "raw_logprobs")
-    if mode not in LOGPROBS_MODES:
-        allowed = " or ".join(f"'{m}'" for m in LOGPROBS_MODES)
-        raise bad_request(
-            f"Invalid 'logprobs_mode': {mode!r}; it must be {allowed} (logits are not reported).",
-            param="logprobs_mode",
-        )
-    if mode != "raw_logprobs" and not req.logprobs:
-        raise bad_request(
-            f"logprobs_mode '{mode}' needs logprobs: add "
-            f"include=['{LOGPROBS_INCLUDE}'] (or top_logprobs > 0).",
-            param="logprobs_mode",
-        )
-    req.logprobs_mode = mode
-
-
-def check_values(params: Mapping[str, Any]) -> None:
-    """Walk every value (without recursion, so depth cannot overflow the stack): a 400 naming
-    the path of a string that is not valid Unicode (a lone surrogate such as ``"\\ud800"``,
-    which JSON allows and no tokenizer can encode), or of nesting deeper than ``MAX_DEPTH``."""
-    stack: list[tuple[str, Any, int]] = [(key, value, 1) for key, value in params.items()]
-    while stack:
-        path, value, depth = stack.pop()
-        if isinstance(value, str):
-            if not value.isascii():
-                try:
-                    value.encode("utf-8")
-                except UnicodeEncodeError:
-                    raise bad_request(
-                        f"Invalid '{path}': the string holds a lone surrogate (invalid Unicode); "
-                        "send UTF-8 text.",
-                        param=path,
-                    ) from None
-            continue
-        if depth > MAX_DEPTH and isinstance(value, Mapping | list | tuple):
-            raise bad_request(
-                f"Invalid '{path.split('.')[0].split('[')[0]}': nested more than {MAX_DEPTH} "
-                "levels deep.",
-                param=path.split(".")[0].split("[")[0],
-            )
-        if isinstance(value, Mapping):
-            for key, item in value.items():
-                stack.append((f"{path}.{key}", key, depth + 1))  # keys are strings too
-                stack.append((f"{path}.{key}", item, depth + 1))
-        elif isinstance(value, list | tuple):
-            stack.extend((f"{path}[{i}]", item, depth + 1) for i, item in enumerate(value))
-
-
-def _opt_str(params: Mapping[str, Any], key: str) -> str | None:
-    value = params.get(key)
-    if value is not None and not isinstance(value, str):
-        raise bad_request(f"Invalid type for '{key}': expected a string.", param=key)
-    return value
-
-
-def _bool(params: Mapping[str, Any], key: str, default: bool) -> bool:
-    value = params.get(key, default)
-    if not isinstance(value, bool):
-        raise bad_request(f"Invalid type for '{key}': expected a boolean.", param=key)
-    return value
+def sampling_of(req: CreateRequest) -> Sampling:
+    """The request's sampling, as the request core reads it (``Sampling.engine_params``)."""
+    return Sampling(temperature=req.temperature, top_p=req.top_p, seed=req.seed)
 
 
 def _include(value: Any) -> list[str]:
@@ -239,11 +173,7 @@ def _tools(value: Any) -> list[Tool]:
     for i, tool in enumerate(value):
         param = getattr(tool, "param", None)  # a FunctionToolSpec from function_tool()
         tool = param if isinstance(param, Mapping) else tool
-        tool = (
-            tool.model_dump(exclude_none=True, by_alias=True)
-            if hasattr(tool, "model_dump")
-            else tool
-        )
+        tool = plain(tool)
         kind = tool.get("type") if isinstance(tool, Mapping) else type(tool).__name__
         if isinstance(kind, str) and registry.for_request_type(kind) is not None:
             tools.append(_builtin_tool(dict(tool), f"tools[{i}]"))
@@ -291,11 +221,7 @@ def _builtin_tool(tool: dict[str, Any], where: str) -> Tool:
 
 
 def _tool_choice(req: CreateRequest, value: Any) -> None:
-    value = (
-        value.model_dump(exclude_none=True, by_alias=True)
-        if hasattr(value, "model_dump")
-        else value
-    )
+    value = plain(value)
     req.tool_choice = value
     if value in ("none", "auto", "required"):
         req.tool_mode = value
@@ -333,11 +259,7 @@ def _metadata(value: Any) -> dict[str, str] | None:
 def _reasoning(value: Any) -> Reasoning | None:
     if value is None:
         return None
-    value = (
-        value.model_dump(exclude_none=True, by_alias=True)
-        if hasattr(value, "model_dump")
-        else value
-    )
+    value = plain(value)
     if not isinstance(value, Mapping):
         raise bad_request("'reasoning' must be an object.", param="reasoning")
     for key, v in value.items():
@@ -354,11 +276,7 @@ def _text_config(value: Any) -> dict[str, Any] | None:
     engine can enforce the schema is the model family's call (``Family.check``)."""
     if value is None:
         return None
-    value = (
-        value.model_dump(exclude_none=True, by_alias=True)
-        if hasattr(value, "model_dump")
-        else value
-    )
+    value = plain(value)
     if not isinstance(value, Mapping):
         raise bad_request("'text' must be an object such as {'format': {...}}.", param="text")
     fmt: dict[str, Any] | None = None
@@ -423,28 +341,3 @@ def _text_format(value: Mapping[str, Any]) -> dict[str, Any] | None:
     if description is not None:
         out["description"] = description
     return out
-
-
-def _stream_options(value: Any, stream: bool) -> None:
-    if value is None:
-        return
-    if not stream:
-        raise bad_request("'stream_options' needs stream=True.", param="stream_options")
-    value = (
-        value.model_dump(exclude_none=True, by_alias=True)
-        if hasattr(value, "model_dump")
-        else value
-    )
-    if not isinstance(value, Mapping):
-        raise bad_request(
-            "'stream_options' must be an object such as {'include_obfuscation': False}.",
-            param="stream_options",
-        )
-    for key, v in value.items():
-        if key != "include_obfuscation":  # we never add obfuscation padding: nothing to turn off
-            raise unsupported(f"stream_options.{key}")
-        if not isinstance(v, bool):
-            raise bad_request(
-                "'stream_options.include_obfuscation' must be a boolean.",
-                param="stream_options.include_obfuscation",
-            )

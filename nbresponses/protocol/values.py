@@ -1,6 +1,6 @@
-"""Numeric request parameters checked the way OpenAI's API reports them: a 400 naming the
-parameter, with ``integer_out_of_range`` / ``decimal_out_of_range`` (Responses and Completions
-alike)."""
+"""Request values checked for their type the way OpenAI's API reports them: a 400 naming the
+parameter, with ``integer_out_of_range`` / ``decimal_out_of_range`` for numbers out of their
+bounds. The bounds themselves are the request core's (``protocol/generation.py``)."""
 
 from __future__ import annotations
 
@@ -45,3 +45,19 @@ def number(params: Mapping[str, Any], key: str, low: float, high: float, default
             code="decimal_out_of_range",
         )
     return float(value)
+
+
+def boolean(params: Mapping[str, Any], key: str, default: bool) -> bool:
+    """``params[key]`` as a boolean (``default`` when absent); 1 and "true" are not booleans."""
+    value = params.get(key, default)
+    if not isinstance(value, bool):
+        raise bad_request(f"Invalid type for '{key}': expected a boolean.", param=key)
+    return value
+
+
+def string(params: Mapping[str, Any], key: str) -> str | None:
+    """``params[key]`` as a string (None when absent)."""
+    value = params.get(key)
+    if value is not None and not isinstance(value, str):
+        raise bad_request(f"Invalid type for '{key}': expected a string.", param=key)
+    return value

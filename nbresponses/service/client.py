@@ -23,7 +23,7 @@ from nbresponses.families.registry import FamilyName, select_family
 from nbresponses.protocol.errors import bad_request, response_not_found, unsupported
 from nbresponses.protocol.ids import new_id
 from nbresponses.protocol.items import check_call_outputs
-from nbresponses.protocol.request import CreateRequest, given, parse_create
+from nbresponses.protocol.request import CreateRequest, given, parse_create, sampling_of
 from nbresponses.service.completions import AsyncCompletions
 from nbresponses.service.database import RUNNING, StorePath, open_database
 from nbresponses.service.record import Record
@@ -252,11 +252,8 @@ class AsyncResponses:
 
     def _params(self, req: CreateRequest, prompt: RenderedPrompt) -> SamplingParams:
         """The sampling the request asked for, with the family's stops and constraint."""
-        return SamplingParams(
+        return sampling_of(req).engine_params(
             max_tokens=req.max_output_tokens or self._client.source.context_length,
-            temperature=req.temperature,
-            top_p=req.top_p,
-            seed=req.seed,
             stop_token_ids=prompt.stop_token_ids,
             logprobs=req.logprobs,
             top_logprobs=req.top_logprobs,

@@ -5,8 +5,10 @@ logprobs from ``/v1/completions`` with ``echo=True, logprobs=k`` (and ``max_toke
 or from vLLM's ``prompt_logprobs``. Here the prompt's logprobs are the engine's scoring
 (``Scorer.logprobs``), the very numbers ``engine.score`` gives on the same ids, computed with
 ``score_method`` ("prefill" by default: many tokens per run). Generation runs as a Responses
-generation does, on the same batched engine; each prompt of a request is its own generation,
-so several prompts (lm-eval sends batches) are decoded together.
+generation does, on the same batched engine; each choice of a request (``n`` per prompt) is its
+own generation, so several prompts (lm-eval sends batches) are decoded together, and the ``n``
+choices of a prompt are admitted together and share its prefill (``_begin``). The sampling
+values are the request core's (``protocol/generation.py``): this module only runs them.
 
 One request failing never touches another: each runs in its own tasks, and a request's
 own tasks are cancelled when it fails or its reader leaves.
@@ -15,7 +17,7 @@ own tasks are cancelled when it fails or its reader leaves.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -27,12 +29,13 @@ from nbresponses.families.text import IncrementalDetokenizer
 from nbresponses.protocol import completions as shapes
 from nbresponses.protocol.completions import CompletionRequest, FinishReason, TokenEntry
 from nbresponses.protocol.errors import bad_request, server_error
+from nbresponses.protocol.generation import check_token_ids
 from nbresponses.service.scoring import Scorer, Scoring
 from nbresponses.tokens.contract import (
     GenerationStats,
-    SamplingParams,
     TokenIdLogprob,
     TokenSource,
+    TokenStream,
     stop_early,
 )
 
@@ -59,18 +62,74 @@ class _Piece:
     prompt_entries: list[TokenEntry] | None = None  # vLLM's prompt_logprobs, on the first
 
 
-class _Choice:
-    """One prompt's choice: prompt logprobs (when asked), then the generation, as pieces."""
+class _Prompt:
+    """One prompt of a request: its ids and, when asked, their logprobs, scored once for all
+    of its ``n`` choices."""
 
-    def __init__(
-        self, owner: AsyncCompletions, req: CompletionRequest, index: int, ids: list[int]
-    ) -> None:
+    def __init__(self, owner: AsyncCompletions, req: CompletionRequest, ids: list[int]) -> None:
         self.owner = owner
         self.req = req
-        self.index = index
         self.ids = ids
+        self.logprobs: list[TokenIdLogprob | None] = [None] * len(ids)
+        self.cached = 0  # prompt tokens the engine reused (scoring or generation)
+
+    async def score(self) -> None:
+        """None for the first token (nothing predicts it), then the engine's scoring."""
+        req = self.req
+        if not req.scores_prompt or len(self.ids) < 2:
+            return
+        top = max(req.logprobs or 0, req.prompt_logprobs or 0)
+        job = Scoring(self.ids[:1], self.ids[1:])
+        try:
+            scored, cached = await self.owner.scorer.logprobs(
+                job, top_logprobs=top, method=req.score_method
+            )
+        except ValueError as exc:  # ids outside the vocabulary, and the like
+            raise bad_request(f"Invalid 'prompt': {exc}.", param="prompt") from None
+        self.logprobs = [None, *scored]
+        self.cached = max(self.cached, cached)
+
+
+class _Choice:
+    """One choice: its prompt's echo and prompt logprobs (when asked), then its generation,
+    as pieces. ``start`` queues the generation; ``pieces`` reads it."""
+
+    def __init__(self, prompt: _Prompt, index: int, seed: int | None) -> None:
+        self.owner = prompt.owner
+        self.req = prompt.req
+        self.prompt = prompt
+        self.index = index
+        self.seed = seed
+        self.steps: TokenStream | None = None
         self.generated = 0
-        self.cached = 0
+
+    @property
+    def ids(self) -> list[int]:
+        return self.prompt.ids
+
+    def start(self) -> None:
+        """Queue the generation (none with ``max_tokens=0``): a 400 for what the engine
+        refuses before it begins (ids outside the vocabulary)."""
+        req = self.req
+        if req.max_tokens == 0:
+            return
+        params = req.sampling.engine_params(
+            max_tokens=req.max_tokens,
+            logprobs=req.logprobs is not None,
+            top_logprobs=req.logprobs or 0,
+            ignore_eos=req.ignore_eos,
+            seed=self.seed,
+        )
+        try:
+            self.steps = self.owner.source.generate(self.ids, params)
+        except ValueError as exc:
+            param = "logit_bias" if "logit_bias" in str(exc) else "prompt"
+            raise bad_request(f"Invalid '{param}': {exc}.", param=param) from None
+
+    async def close(self) -> None:
+        """Stop the generation, if it runs."""
+        if self.steps is not None:
+            await self.steps.aclose()
 
     def _entry(self, token_id: int, offset: int, lp: TokenIdLogprob | None) -> TokenEntry:
         family = self.owner.family
@@ -88,25 +147,10 @@ class _Choice:
             entropy=lp.entropy,
         )
 
-    async def _prompt_logprobs(self) -> list[TokenIdLogprob | None]:
-        """None for the first token (nothing predicts it), then the engine's scoring."""
-        req = self.req
-        if not req.scores_prompt or len(self.ids) < 2:
-            return [None] * len(self.ids)
-        top = max(req.logprobs or 0, req.prompt_logprobs or 0)
-        job = Scoring(self.ids[:1], self.ids[1:])
-        try:
-            scored, self.cached = await self.owner.scorer.logprobs(
-                job, top_logprobs=top, method=req.score_method
-            )
-        except ValueError as exc:  # ids outside the vocabulary, and the like
-            raise bad_request(f"Invalid 'prompt': {exc}.", param="prompt") from None
-        return [None, *scored]
-
     async def pieces(self) -> AsyncIterator[_Piece]:
         req, family = self.req, self.owner.family
         detok = IncrementalDetokenizer(_FamilyText(family))  # type: ignore[arg-type]
-        prompt_lps = await self._prompt_logprobs()
+        prompt_lps = self.prompt.logprobs
         first = _Piece("")
         if req.echo:
             for token_id, lp in zip(self.ids, prompt_lps, strict=True):
@@ -123,32 +167,19 @@ class _Choice:
                 self._entry(t, 0, lp) for t, lp in zip(self.ids, prompt_lps, strict=True)
             ]
         base = len(detok.text) - len(first.text)  # where this choice's text starts in detok's
-        if req.max_tokens == 0:
+        if self.steps is None:  # max_tokens=0: the prompt only
             first.finish_reason = "length"
             yield first
             return
         if first.text or first.entries or first.prompt_entries is not None:
             yield first  # (a stream without echo starts with the first generated text)
-        async for piece in self._generate(detok, base):
+        async for piece in self._generate(self.steps, detok, base):
             yield piece
 
-    async def _generate(self, detok: IncrementalDetokenizer, base: int) -> AsyncIterator[_Piece]:
-        req, source = self.req, self.owner.source
-        greedy = req.temperature == 0 or req.top_p == 0
-        params = SamplingParams(
-            max_tokens=req.max_tokens,
-            temperature=0.0 if greedy else req.temperature,
-            top_p=1.0 if greedy else req.top_p,
-            top_k=max(req.top_k, 0),
-            seed=req.seed,
-            ignore_eos=req.ignore_eos,
-            logprobs=req.logprobs is not None,
-            top_logprobs=req.logprobs or 0,
-        )
-        try:
-            steps = source.generate(self.ids, params)
-        except ValueError as exc:
-            raise bad_request(f"Invalid 'prompt': {exc}.", param="prompt") from None
+    async def _generate(
+        self, steps: TokenStream, detok: IncrementalDetokenizer, base: int
+    ) -> AsyncIterator[_Piece]:
+        req = self.req
         stops = req.stop
         emitted = 0  # characters of generated text already sent
         out = ""
@@ -187,8 +218,49 @@ class _Choice:
                     return
         finally:
             if stats is not None:
-                self.cached = max(self.cached, stats.cached_tokens)
+                self.prompt.cached = max(self.prompt.cached, stats.cached_tokens)
             await steps.aclose()
+
+
+async def _begin(req: CompletionRequest, prompts: Sequence[_Prompt]) -> list[_Choice]:
+    """Score the prompts (when asked; once per prompt), then queue every choice's generation
+    at once. With ``n > 1`` they are queued through the engine's admission gate
+    (``TokenGenerator.together``), so the ``n`` choices of a prompt are admitted in one round
+    and share one prefill; choice ``j`` of a prompt is exactly that prompt sent alone with
+    ``seed=req.sampling.choice_seeds(n)[j]`` (``Sampling.choice_seeds``)."""
+    await _all([p.score() for p in prompts])
+    seeds = req.sampling.choice_seeds(req.n)
+    choices = [
+        _Choice(prompt, i * req.n + j, seed)
+        for i, prompt in enumerate(prompts)
+        for j, seed in enumerate(seeds)
+    ]
+    together = getattr(prompts[0].owner.source, "together", None)
+    gate = together(len(choices)) if req.n > 1 and req.max_tokens > 0 and together else None
+    try:
+        for choice in choices:
+            choice.start()
+    except BaseException:
+        await _close(choices)
+        raise
+    finally:
+        if gate is not None:
+            gate.release()
+    return choices
+
+
+async def _all(work: Sequence[Awaitable[None]]) -> None:
+    """Await all of ``work`` at once; when one fails (or we are cancelled) the others stop."""
+    tasks = [asyncio.ensure_future(w) for w in work]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        await _cancel([t for t in tasks if not t.done()])
+
+
+async def _close(choices: Sequence[_Choice]) -> None:
+    for choice in choices:
+        await choice.close()
 
 
 def _find_stop(text: str, stops: Sequence[str]) -> int | None:
@@ -212,24 +284,28 @@ def _held(text: str, stops: Sequence[str]) -> int:
 class CompletionStream:
     """A streamed ``completions.create``: ``Completion`` chunks as OpenAI streams them.
 
-    Each chunk holds one choice's new text (and its tokens' logprobs); the last chunk of a
-    choice has its ``finish_reason``; with ``stream_options={"include_usage": True}`` a last
-    chunk with no choices carries the usage. Closing the stream stops the generations.
+    Each chunk holds one choice's new text (and its tokens' logprobs), with the choice's index
+    (prompt ``i``'s choice ``j`` is ``i * n + j``); the last chunk of a choice has its
+    ``finish_reason``; with ``stream_options={"include_usage": True}`` a last chunk with no
+    choices carries the usage of the request, and with vLLM's ``continuous_usage_stats`` too
+    every chunk carries its choice's usage so far (its prompt's tokens, the tokens generated
+    so far: vLLM's per-chunk figures). Closing the stream stops the generations.
     """
 
-    def __init__(self, owner: AsyncCompletions, req: CompletionRequest, runs: list[_Choice]):
+    def __init__(self, owner: AsyncCompletions, req: CompletionRequest, prompts: list[_Prompt]):
         self._owner = owner
         self._req = req
-        self._runs = runs
+        self._prompts = prompts
+        self._choices: list[_Choice] = []
         self._id, self._created = shapes.new_completion_id()
         self._queue: asyncio.Queue[tuple[_Choice, _Piece] | BaseException | None] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
         self._iterator = self._chunks()
 
-    async def _pump(self, run: _Choice) -> None:
+    async def _pump(self, choice: _Choice) -> None:
         try:
-            async for piece in run.pieces():
-                self._queue.put_nowait((run, piece))
+            async for piece in choice.pieces():
+                self._queue.put_nowait((choice, piece))
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
@@ -238,9 +314,10 @@ class CompletionStream:
             self._queue.put_nowait(None)
 
     async def _chunks(self) -> AsyncIterator[Completion]:
-        self._tasks = [asyncio.ensure_future(self._pump(run)) for run in self._runs]
+        req, model = self._req, self._owner.model
+        self._choices = await _begin(req, self._prompts)
+        self._tasks = [asyncio.ensure_future(self._pump(c)) for c in self._choices]
         running = len(self._tasks)
-        usage = None
         while running:
             item = await self._queue.get()
             if item is None:
@@ -248,13 +325,16 @@ class CompletionStream:
                 continue
             if isinstance(item, BaseException):
                 raise item
-            run, piece = item
+            choice, piece = item
+            usage = None
+            if req.stream_options.usage_on_every_chunk:
+                usage = _usage([choice.prompt], [choice])
             yield shapes.completion(
-                self._id, self._created, self._owner.model, [_choice(self._req, run, piece)]
+                self._id, self._created, model, [_choice(req, choice, piece)], usage
             )
-        if self._req.include_usage:
-            usage = _usage(self._runs)
-            yield shapes.completion(self._id, self._created, self._owner.model, [], usage)
+        if req.stream_options.include_usage:
+            usage = _usage(self._prompts, self._choices)
+            yield shapes.completion(self._id, self._created, model, [], usage)
 
     def __aiter__(self) -> AsyncIterator[Completion]:
         return self
@@ -281,6 +361,7 @@ class CompletionStream:
         """Stop reading and stop the generations still running."""
         await self._iterator.aclose()  # type: ignore[attr-defined]
         await _cancel(self._tasks)
+        await _close(self._choices)
 
 
 def _choice(req: CompletionRequest, run: _Choice, piece: _Piece) -> CompletionChoice:
@@ -297,11 +378,13 @@ def _choice(req: CompletionRequest, run: _Choice, piece: _Piece) -> CompletionCh
     )
 
 
-def _usage(runs: Sequence[_Choice]) -> Any:
+def _usage(prompts: Sequence[_Prompt], choices: Sequence[_Choice]) -> Any:
+    """Each prompt's tokens once (however many choices read it, as OpenAI and vLLM count),
+    every choice's generated tokens."""
     return shapes.usage(
-        sum(len(r.ids) for r in runs),
-        sum(r.generated for r in runs),
-        sum(min(r.cached, len(r.ids)) for r in runs),
+        sum(len(p.ids) for p in prompts),
+        sum(c.generated for c in choices),
+        sum(min(p.cached, len(p.ids)) for p in prompts),
     )
 
 
@@ -324,6 +407,15 @@ class AsyncCompletions:
         """The ids the engine reads for ``text`` (no special tokens added)."""
         return self.family.encode(text)
 
+    def vocab_size(self) -> int | None:
+        """Token ids the model has: its logits' width, else its tokenizer's length (None when
+        neither is known: the engine checks)."""
+        size = getattr(getattr(self.source, "runner", None), "vocab_size", None)
+        if size is None:
+            tokenizer = getattr(self.family, "tokenizer", None)
+            size = len(tokenizer) if tokenizer is not None else None
+        return None if size is None else int(size)
+
     def _ids(self, prompt: str | list[int], where: str, req: CompletionRequest) -> list[int]:
         ids = self.family.encode(prompt) if isinstance(prompt, str) else prompt
         if not ids:
@@ -341,26 +433,35 @@ class AsyncCompletions:
             )
         return ids
 
-    def _runs(self, req: CompletionRequest) -> list[_Choice]:
+    def _prompts(self, req: CompletionRequest) -> list[_Prompt]:
         many = len(req.prompts) > 1
         return [
-            _Choice(self, req, i, self._ids(p, f"prompt[{i}]" if many else "prompt", req))
+            _Prompt(self, req, self._ids(p, f"prompt[{i}]" if many else "prompt", req))
             for i, p in enumerate(req.prompts)
         ]
 
     async def create(self, **kwargs: Any) -> Completion | CompletionStream:
-        """A ``Completion`` (or a ``CompletionStream`` of chunks with ``stream=True``)."""
+        """A ``Completion`` (or a ``CompletionStream`` of chunks with ``stream=True``).
+
+        ``n`` choices per prompt share the prompt's prefill; with a ``seed``, choice ``j`` of
+        a prompt is exactly the prompt sent alone with
+        ``seed=nbresponses.runtime.sampling.derived_seeds(seed, n)[j]`` (``n > 1``)."""
         req = shapes.parse_completion(kwargs, model=self.model)
-        runs = self._runs(req)
+        check_token_ids(req.sampling.logit_bias, self.vocab_size())
+        prompts = self._prompts(req)
         if req.stream:
-            return CompletionStream(self, req, runs)
+            return CompletionStream(self, req, prompts)
         completion_id, created = shapes.new_completion_id()
-        tasks = [asyncio.ensure_future(_fold(req, run)) for run in runs]
+        choices = await _begin(req, prompts)
+        tasks = [asyncio.ensure_future(_fold(req, c)) for c in choices]
         try:
-            choices = await asyncio.gather(*tasks)
+            folded = await asyncio.gather(*tasks)
         finally:
             await _cancel([t for t in tasks if not t.done()])  # one failed, or we were cancelled
-        return shapes.completion(completion_id, created, self.model, choices, _usage(runs))
+            await _close(choices)
+        return shapes.completion(
+            completion_id, created, self.model, folded, _usage(prompts, choices)
+        )
 
 
 async def _fold(req: CompletionRequest, run: _Choice) -> CompletionChoice:

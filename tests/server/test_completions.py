@@ -14,6 +14,8 @@ from helpers.server import ThreadedServer
 from openai.types import Completion
 
 from nbresponses.engine import Engine
+from nbresponses.runtime.generator import TokenGenerator
+from nbresponses.runtime.sampling import derived_seeds
 from nbresponses.tokens.contract import SamplingParams
 
 pytestmark = pytest.mark.timeout(120)
@@ -177,15 +179,17 @@ def test_bad_requests_are_named_4xx_never_500(fused_engine):
     context = fused_engine.generator.context_length
     good = {"model": fused_engine.model, "prompt": "hi", "max_tokens": 2}
     wrong = {
-        "n": (2, 400, "n"),
+        "n": (0, 400, "n"),
         "best_of": (3, 400, "best_of"),
-        "logit_bias": ({"5": 1}, 400, "logit_bias"),
+        "logit_bias": ({"5": 101}, 400, "logit_bias"),
         "suffix": ("x", 400, "suffix"),
         "max_tokens": (-1, 400, "max_tokens"),
         "logprobs": (21, 400, "logprobs"),
         "prompt_logprobs": ("3", 400, "prompt_logprobs"),
         "temperature": (3, 400, "temperature"),
-        "stop": (["a", "b", "c", "d", "e"], 400, "stop"),
+        "seed": (2**63, 400, "seed"),  # int64, as on every API
+        "top_p": (1.5, 400, "top_p"),
+        "stop": (["a", "b", "c", "d", ""], 400, "stop"),  # any number, none empty
         "echo": ("yes", 400, "echo"),
         "stream_options": ({"include_usage": True}, 400, "stream_options"),
         "score_method": ("fast", 400, "score_method"),
@@ -292,3 +296,40 @@ def test_a_stream_that_fails_after_it_began_says_so_in_band(fused_engine):
         with pytest.raises(openai.APIError):
             for _ in server.openai(sync=True).completions.create(model=fused_engine.model, **bad):
                 pass
+
+
+async def test_n_choices_are_the_seeded_requests_alone_and_share_one_prefill(tiny_fused, tokenizer):
+    """``n`` choices of one prompt are admitted in one round and share its prefill (no prefix
+    cache here: only a shared prefill can reuse the prompt), and choice ``j`` is bit for bit the
+    prompt sent alone with ``seed=derived_seeds(seed, n)[j]``, streamed or not."""
+    engine = Engine(
+        TokenGenerator(tiny_fused, tokenizer=tokenizer, prefix_cache_bytes=0), store_path="memory"
+    )
+    try:
+        client = engine.openai()
+        ids = document(engine, "Once upon a time")
+        kwargs = dict(model=engine.model, prompt=ids, max_tokens=10, temperature=1.3, logprobs=2,
+                      extra_body={"ignore_eos": True})  # fmt: skip
+        many = await client.completions.create(**kwargs, n=4, seed=11)
+        assert [c.index for c in many.choices] == [0, 1, 2, 3]
+        assert many.usage.prompt_tokens == len(ids) and many.usage.completion_tokens == 40
+        assert many.usage.prompt_tokens_details.cached_tokens == len(ids)  # one prefill
+        assert len({c.text for c in many.choices}) > 1  # the seeds draw different answers
+        for seed, choice in zip(derived_seeds(11, 4), many.choices, strict=True):
+            alone = (await client.completions.create(**kwargs, seed=seed)).choices[0]
+            assert alone.text == choice.text
+            assert alone.logprobs.token_logprobs == choice.logprobs.token_logprobs
+            assert alone.logprobs.top_logprobs == choice.logprobs.top_logprobs
+        options = {"include_usage": True, "continuous_usage_stats": True}
+        stream = await client.completions.create(
+            **kwargs, n=4, seed=11, stream=True, stream_options=options
+        )
+        chunks = [c async for c in stream]
+        texts = ["" for _ in range(4)]
+        for chunk in chunks[:-1]:
+            texts[chunk.choices[0].index] += chunk.choices[0].text
+            assert chunk.usage.prompt_tokens == len(ids)  # vLLM's per-choice usage so far
+        assert texts == [c.text for c in many.choices]
+        assert chunks[-1].usage.completion_tokens == 40
+    finally:
+        await engine.aclose()
