@@ -10,6 +10,13 @@ A stored response's id (``"resp_..."``), a list of ids or an ``nbr.history()`` f
 (``nbresponses.traffic.lookup.stored``), where every response store registers itself: frames
 never import the store, and an id found nowhere is a KeyError naming it, however the frames
 were imported.
+
+Chat Completions and legacy Completions traffic is read here too, through
+``nbresponses.traffic.chat`` (the view's reading as well): a ``ChatCompletion`` or a
+``Completion`` becomes the Response of its choice ``choice``, and consecutive chunks of one
+stream (``chat.completion.chunk`` objects, the SDK's ``ChatCompletionStream`` events, or
+``text_completion`` chunks sharing an id) become that answer's Responses stream. A lone
+``text_completion`` is a whole Completion.
 """
 
 from __future__ import annotations
@@ -24,6 +31,15 @@ import pandas as pd
 
 from nbresponses.traffic.access import field as get
 from nbresponses.traffic.access import kind_of
+from nbresponses.traffic.chat import (
+    CHAT,
+    CHUNK,
+    TEXT,
+    ChoiceReader,
+    as_response,
+    chunk_of,
+    shape_of,
+)
 from nbresponses.traffic.events import STARTED
 from nbresponses.traffic.lookup import ResponseLookup, find_in, stored
 
@@ -67,17 +83,40 @@ def _is_pair(obj: Any) -> bool:
         and len(obj) == 2
         and isinstance(obj[0], Real)
         and not isinstance(obj[0], bool)
-        and kind_of(obj[1]) == "event"
+        and (kind_of(obj[1]) == "event" or _is_chunk(obj[1]))
     )
+
+
+def _is_chunk(obj: Any) -> bool:
+    return shape_of(chunk_of(obj)) in (CHUNK, TEXT)
+
+
+def _is_single(obj: Any) -> bool:
+    """One event, Response or answer (rather than an iterable of them)."""
+    return kind_of(obj) != "unknown" or shape_of(chunk_of(obj)) is not None
 
 
 def _is_group(obj: Any) -> bool:
     return isinstance(obj, Iterable) and not isinstance(obj, (str, bytes, Mapping))
 
 
+@dataclass
+class _ChunkStream:
+    """A Chat Completions or Completions stream being read into a CollectedStream."""
+
+    reader: ChoiceReader
+    stream: CollectedStream
+    id: Any
+    first: Any
+    chunks: int = 0
+    time: float = math.nan  # the last chunk's receive time
+
+
 class _Collector:
-    def __init__(self, lookup: ResponseLookup | None) -> None:
+    def __init__(self, lookup: ResponseLookup | None, choice: int = 0) -> None:
         self.lookup = lookup
+        self.choice = choice
+        self.chunks: _ChunkStream | None = None
         self.collected: list[Collected] = []
         self.stream: CollectedStream | None = None
         self.streams = 0
@@ -86,8 +125,43 @@ class _Collector:
     def end_stream(self) -> None:
         self.stream = None
         self.last_seq = None
+        self.end_chunks()
+
+    def end_chunks(self) -> None:
+        """The chunk stream read so far ends: its terminal events (a lone Completion is a
+        whole answer: read as one)."""
+        chunks, self.chunks = self.chunks, None
+        if chunks is None:
+            return
+        if chunks.chunks == 1 and shape_of(chunks.first) == TEXT:
+            # the stream was the last thing collected: everything else ends it first
+            self.collected[-1] = CollectedResponse(as_response(chunks.first, self.choice))
+            self.streams -= 1
+            return
+        events = chunks.reader.finish()
+        chunks.stream.events += events
+        chunks.stream.times += [chunks.time] * len(events)
+
+    def add_chunk(self, chunk: Any, time: float) -> None:
+        if self.stream is not None:
+            self.stream = None
+            self.last_seq = None
+        if self.chunks is not None and get(chunk, "id") != self.chunks.id:
+            self.end_chunks()
+        if self.chunks is None:
+            stream = CollectedStream(index=self.streams)
+            self.streams += 1
+            self.collected.append(stream)
+            self.chunks = _ChunkStream(ChoiceReader(self.choice), stream, get(chunk, "id"), chunk)
+        chunks = self.chunks
+        events = chunks.reader.feed(chunk)
+        chunks.chunks += 1
+        chunks.time = time
+        chunks.stream.events += events
+        chunks.stream.times += [time] * len(events)
 
     def add_event(self, event: Any, time: float) -> None:
+        self.end_chunks()
         seq = get(event, "sequence_number")
         restart = self.last_seq is not None and isinstance(seq, int) and seq <= self.last_seq
         if self.stream is not None and (restart or get(event, "type") in STARTED):
@@ -103,7 +177,16 @@ class _Collector:
 
     def add(self, obj: Any, time: float = math.nan) -> None:
         if _is_pair(obj):
-            self.add_event(obj[1], float(obj[0]))
+            self.add(obj[1], float(obj[0]))
+            return
+        obj = chunk_of(obj)
+        shape = shape_of(obj)
+        if shape in (CHUNK, TEXT):
+            self.add_chunk(obj, time)
+            return
+        if shape == CHAT:
+            self.end_stream()
+            self.collected.append(CollectedResponse(as_response(obj, self.choice)))
             return
         ids = _stored_ids(obj)
         if ids is not None:
@@ -120,6 +203,11 @@ class _Collector:
             for item in obj:
                 self.add(item)
             self.end_stream()
+        elif hasattr(obj, "__aiter__"):
+            raise TypeError(
+                "an async stream cannot be read here without blocking the event loop: "
+                "collect it first (events = [e async for e in stream]) and pass the list"
+            )
         # anything else (unknown item or event shapes) is skipped, never fatal
 
     def find(self, response_id: str) -> Any:
@@ -129,19 +217,27 @@ class _Collector:
 
 
 def collect(
-    obj: Any, times: Sequence[float] | None = None, lookup: ResponseLookup | None = None
+    obj: Any,
+    times: Sequence[float] | None = None,
+    lookup: ResponseLookup | None = None,
+    choice: int = 0,
 ) -> list[Collected]:
     """Responses and streams found in ``obj``, in input order; ids are read through ``lookup``
-    (default: the registry, ``nbresponses.traffic.lookup.stored``)."""
+    (default: the registry, ``nbresponses.traffic.lookup.stored``); ``choice``: which choice
+    of a Chat Completions or Completions answer is read (``n > 1`` gives several)."""
     if lookup is not None and not isinstance(lookup, ResponseLookup):
         raise TypeError(f"lookup= takes an object with find(response_id), not {lookup!r}")
-    collector = _Collector(lookup)
+    if not isinstance(choice, int) or isinstance(choice, bool) or choice < 0:
+        raise ValueError(f"choice= takes a choice index (0, 1, ...), not {choice!r}")
+    collector = _Collector(lookup, choice)
     if times is None:
         collector.add(obj)
+        collector.end_stream()
         return collector.collected
-    items = [obj] if kind_of(obj) != "unknown" else list(obj)
+    items = [obj] if _is_single(obj) else list(obj)
     if len(items) != len(times):
         raise ValueError(f"times= has {len(times)} entries for {len(items)} events")
     for item, time in zip(items, times, strict=True):
         collector.add(item, math.nan if time is None else float(time))
+    collector.end_stream()
     return collector.collected
