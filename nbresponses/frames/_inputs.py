@@ -97,7 +97,13 @@ def _is_single(obj: Any) -> bool:
 
 
 def _is_group(obj: Any) -> bool:
-    return isinstance(obj, Iterable) and not isinstance(obj, (str, bytes, Mapping))
+    """An iterable of inputs; not a string, a dict, or a model of an event frames skip (pydantic
+    models iterate over their fields)."""
+    return (
+        isinstance(obj, Iterable)
+        and not isinstance(obj, (str, bytes, Mapping))
+        and not hasattr(obj, "model_dump")
+    )
 
 
 @dataclass

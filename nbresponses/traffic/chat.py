@@ -32,6 +32,7 @@ __all__ = [
     "CHUNK",
     "TEXT",
     "ChoiceReader",
+    "EventReader",
     "as_events",
     "as_response",
     "chunk_of",
@@ -455,25 +456,34 @@ def as_response(obj: Any, choice: int = 0) -> dict[str, Any]:
     return terminal["response"]
 
 
-def as_events(items: Iterable[Any], choice: int = 0) -> Iterator[Any]:
-    """Responses events for a sequence that may hold Chat Completions or Completions chunks
-    among Responses events: chunks are read into events (a reader per stream; a new id starts
-    the next), anything else passes as it is."""
-    reader: ChoiceReader | None = None
-    stream_id: Any = None
-    for item in items:
+class EventReader:
+    """Responses events for items that may be Chat Completions or Completions chunks among
+    Responses events, one item at a time: chunks are read into events (a ``ChoiceReader`` per
+    stream; a new id starts the next), anything else passes as it is. ``end()`` when the
+    source is exhausted gives the last chunk stream's terminal events."""
+
+    def __init__(self, choice: int = 0) -> None:
+        self.choice = choice
+        self._reader: ChoiceReader | None = None
+        self._id: Any = None
+
+    def feed(self, item: Any) -> list[Any]:
         item = chunk_of(item)
-        if shape_of(item) in (CHUNK, TEXT):
-            if reader is not None and field(item, "id") != stream_id:
-                yield from reader.finish()
-                reader = None
-            if reader is None:
-                reader, stream_id = ChoiceReader(choice), field(item, "id")
-            yield from reader.feed(item)
-            continue
-        if reader is not None:
-            yield from reader.finish()
-            reader = None
-        yield item
-    if reader is not None:
-        yield from reader.finish()
+        if shape_of(item) not in (CHUNK, TEXT):
+            return [*self.end(), item]
+        events = self.end() if self._reader is not None and field(item, "id") != self._id else []
+        if self._reader is None:
+            self._reader, self._id = ChoiceReader(self.choice), field(item, "id")
+        return events + self._reader.feed(item)
+
+    def end(self) -> list[Any]:
+        reader, self._reader = self._reader, None
+        return reader.finish() if reader is not None else []
+
+
+def as_events(items: Iterable[Any], choice: int = 0) -> Iterator[Any]:
+    """:class:`EventReader` over a whole sequence."""
+    reader = EventReader(choice)
+    for item in items:
+        yield from reader.feed(item)
+    yield from reader.end()
