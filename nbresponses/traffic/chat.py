@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from .access import field
+from .access import field, kind_of
 from .legacy import echoed_prompt, legacy_entries, mark_prompt, prompt_entries, trim_alternatives
 
 __all__ = [
@@ -459,7 +459,8 @@ def as_response(obj: Any, choice: int = 0) -> dict[str, Any]:
 class EventReader:
     """Responses events for items that may be Chat Completions or Completions chunks among
     Responses events, one item at a time: chunks are read into events (a ``ChoiceReader`` per
-    stream; a new id starts the next), anything else passes as it is. ``end()`` when the
+    stream; a new id starts the next), Responses events pass as they are, and what is neither
+    inside a chunk stream (the other events of the SDK's ``ChatCompletionStream``) is dropped. ``end()`` when the
     source is exhausted gives the last chunk stream's terminal events."""
 
     def __init__(self, choice: int = 0) -> None:
@@ -470,6 +471,8 @@ class EventReader:
     def feed(self, item: Any) -> list[Any]:
         item = chunk_of(item)
         if shape_of(item) not in (CHUNK, TEXT):
+            if self._reader is not None and kind_of(item) == "unknown":
+                return []  # the SDK's ChatCompletionStream events repeat what its chunks carry
             return [*self.end(), item]
         events = self.end() if self._reader is not None and field(item, "id") != self._id else []
         if self._reader is None:
