@@ -230,7 +230,7 @@ class ChoiceReader:
     def _message_item(self) -> tuple[int, list[dict[str, Any]]]:
         if self._message is not None:
             return self._message, []
-        item = {
+        item: dict[str, Any] = {
             "type": "message",
             "id": None,
             "role": "assistant",
@@ -304,7 +304,7 @@ class ChoiceReader:
     def _reasoning_delta(self, text: str) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
         if self._reasoning is None:
-            item = {"type": "reasoning", "id": None, "summary": [], "content": []}
+            item: dict[str, Any] = {"type": "reasoning", "id": None, "summary": [], "content": []}
             self._reasoning, events = self._add_item(item)
             item["content"].append({"type": "reasoning_text", "text": ""})
             events.append(
@@ -460,8 +460,8 @@ class EventReader:
     """Responses events for items that may be Chat Completions or Completions chunks among
     Responses events, one item at a time: chunks are read into events (a ``ChoiceReader`` per
     stream; a new id starts the next), Responses events pass as they are, and what is neither
-    inside a chunk stream (the other events of the SDK's ``ChatCompletionStream``) is dropped. ``end()`` when the
-    source is exhausted gives the last chunk stream's terminal events."""
+    inside a chunk stream (the other events of the SDK's ``ChatCompletionStream``) is dropped.
+    ``end()`` when the source is exhausted gives the last chunk stream's terminal events."""
 
     def __init__(self, choice: int = 0) -> None:
         self.choice = choice
