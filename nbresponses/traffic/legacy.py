@@ -101,19 +101,39 @@ def _add_details(entry: dict[str, Any], own: Any) -> None:
             entry[name] = value
 
 
+def _top_count(positions: list[Any]) -> int:
+    """The ``k`` of vLLM's ``prompt_logprobs=k``, which the answer does not state. A position
+    of ``n`` entries lists the prompt token first, then the top ``k`` without it: a prompt
+    token ranked below ``n`` and filling a rank the others miss is one of the top ``k = n``;
+    one ranked past ``n``, or tied with a listed one, is not (``k = n - 1``). A token ranked
+    exactly ``n`` could be either; when every position is such, ``k = n - 1``."""
+    known, unsure = [], []
+    for position in positions:
+        entries = list(position.values())
+        n, rank = len(entries), field(entries[0], "rank", 0)
+        others = {field(v, "rank", 0) for v in entries[1:]}
+        if rank == n and rank not in others:
+            unsure.append(n - 1)
+        else:
+            known.append(n if rank < n and rank not in others else n - 1)
+    return max(known or unsure or [0])
+
+
 def prompt_entries(prompt_logprobs: Any) -> list[dict[str, Any]]:
     """Entries of vLLM's ``prompt_logprobs`` alone (no echo): the positions that have one
-    (not the first), the alternatives the top ranks (the prompt token among them when it is)."""
+    (not the first), the alternatives the top ``k`` listed (see :func:`_top_count`; the
+    prompt token among them when it is one, not when it only ties with them)."""
+    positions = [p for p in prompt_logprobs or () if p] if isinstance(prompt_logprobs, list) else []
+    k = _top_count(positions)
     entries: list[dict[str, Any]] = []
-    for position in prompt_logprobs if isinstance(prompt_logprobs, list) else ():
+    for position in positions:
         own = _own(position)
         if own is None:
             continue
-        size = len(position)
-        ranked = sorted(
-            (v for v in position.values() if isinstance(field(v, "rank"), int)),
-            key=lambda v: field(v, "rank"),
-        )
+        listed = list(position.values())
+        if len(listed) > k:
+            listed = listed[1:]  # the prompt token comes first
+        listed.sort(key=lambda v: field(v, "rank", 0))
         entry = {
             "token": field(own, "decoded_token", ""),
             "logprob": field(own, "logprob"),
@@ -124,8 +144,7 @@ def prompt_entries(prompt_logprobs: Any) -> list[dict[str, Any]]:
                     "logprob": field(v, "logprob"),
                     "bytes": None,
                 }
-                for v in ranked
-                if field(v, "rank") <= size
+                for v in listed
             ],
             "given": True,
         }

@@ -225,3 +225,24 @@ def test_choice_must_be_an_index() -> None:
     for bad in (-1, True, "0"):
         with pytest.raises(ValueError, match="choice="):
             ChoiceReader(bad)  # type: ignore[arg-type]
+
+
+def test_prompt_logprobs_alternatives_are_the_top_k_listed() -> None:
+    from nbresponses.traffic.legacy import prompt_entries
+
+    def position(own: tuple[str, int], *others: tuple[str, int]) -> dict[str, Any]:
+        entries = [own, *others]
+        return {str(i): {"decoded_token": t, "logprob": -float(r), "rank": r}
+                for i, (t, r) in enumerate(entries)}  # fmt: skip
+
+    inside = position(("b", 2), ("a", 1), ("c", 3))  # k = 3, the prompt token second
+    outside = position(("z", 9), ("a", 1), ("b", 2), ("c", 3))
+    tied = position(("t", 1), ("a", 1), ("b", 2), ("c", 3))  # rank 1, yet not listed
+    got = prompt_entries([None, inside, outside, tied])
+    assert [[t["token"] for t in e["top_logprobs"]] for e in got] == [["a", "b", "c"]] * 3
+    assert [e["rank"] for e in got] == [2, 9, 1] and all(e["given"] for e in got)
+    # every prompt token in the top 3: k is 3, not the 2 others each position lists
+    got = prompt_entries(
+        [position(("a", 1), ("b", 2), ("c", 3)), position(("c", 3), ("a", 1), ("b", 2))]
+    )
+    assert [[t["token"] for t in e["top_logprobs"]] for e in got] == [["a", "b", "c"]] * 2
