@@ -108,18 +108,29 @@ def _is_group(obj: Any) -> bool:
 
 @dataclass
 class _ChunkStream:
-    """A Chat Completions or Completions stream being read into a CollectedStream."""
+    """The chunks of one Chat Completions or Completions stream, with their receive times."""
 
-    reader: ChoiceReader
-    stream: CollectedStream
     id: Any
-    first: Any
-    chunks: int = 0
-    time: float = math.nan  # the last chunk's receive time
+    chunks: list[Any] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+
+
+def _choice_indexes(objs: list[Any]) -> list[int]:
+    """The choice indexes an answer's objects (a whole answer, or a stream's chunks) carry."""
+    return sorted(
+        {get(c, "index", i) for obj in objs for i, c in enumerate(get(obj, "choices", ()))}
+    )
+
+
+def _with_choice(response: dict[str, Any], index: int, several: bool) -> dict[str, Any]:
+    """A choice's Response; when every choice is read, its id names the choice (``#index``)."""
+    if several and response.get("id") is not None:
+        response["id"] = f"{response['id']}#{index}"
+    return response
 
 
 class _Collector:
-    def __init__(self, lookup: ResponseLookup | None, choice: int = 0) -> None:
+    def __init__(self, lookup: ResponseLookup | None, choice: int | None = 0) -> None:
         self.lookup = lookup
         self.choice = choice
         self.chunks: _ChunkStream | None = None
@@ -133,20 +144,47 @@ class _Collector:
         self.last_seq = None
         self.end_chunks()
 
+    def choices(self, objs: list[Any]) -> tuple[list[int], bool]:
+        """Which choices to read (``choice=None``: every one) and whether there are several."""
+        if self.choice is not None:
+            return [self.choice], False
+        indexes = _choice_indexes(objs) or [0]
+        return indexes, len(indexes) > 1
+
+    def add_answer(self, obj: Any) -> None:
+        """A whole ChatCompletion or Completion: the Response of each choice read."""
+        indexes, several = self.choices([obj])
+        for index in indexes:
+            response = _with_choice(as_response(obj, index), index, several)
+            self.collected.append(CollectedResponse(response))
+
     def end_chunks(self) -> None:
-        """The chunk stream read so far ends: its terminal events (a lone Completion is a
-        whole answer: read as one)."""
+        """The chunk stream read so far ends: its events, for each choice read (a lone
+        Completion is a whole answer: read as one)."""
         chunks, self.chunks = self.chunks, None
         if chunks is None:
             return
-        if chunks.chunks == 1 and shape_of(chunks.first) == TEXT:
-            # the stream was the last thing collected: everything else ends it first
-            self.collected[-1] = CollectedResponse(as_response(chunks.first, self.choice))
-            self.streams -= 1
+        if len(chunks.chunks) == 1 and shape_of(chunks.chunks[0]) == TEXT:
+            self.add_answer(chunks.chunks[0])
             return
-        events = chunks.reader.finish()
-        chunks.stream.events += events
-        chunks.stream.times += [chunks.time] * len(events)
+        indexes, several = self.choices(chunks.chunks)
+        for index in indexes:
+            reader = ChoiceReader(index)
+            stream = CollectedStream(index=self.streams)
+            self.streams += 1
+            for chunk, time in zip(chunks.chunks, chunks.times, strict=True):
+                events = reader.feed(chunk)
+                stream.events += events
+                stream.times += [time] * len(events)
+            events = reader.finish()
+            stream.events += events
+            stream.times += [chunks.times[-1]] * len(events)
+            if several:
+                for event in stream.events:
+                    snapshot = get(event, "response")
+                    if snapshot is not None:
+                        _with_choice(snapshot, index, several)
+            self.collected.append(stream)
 
     def add_chunk(self, chunk: Any, time: float) -> None:
         if self.stream is not None:
@@ -155,16 +193,9 @@ class _Collector:
         if self.chunks is not None and get(chunk, "id") != self.chunks.id:
             self.end_chunks()
         if self.chunks is None:
-            stream = CollectedStream(index=self.streams)
-            self.streams += 1
-            self.collected.append(stream)
-            self.chunks = _ChunkStream(ChoiceReader(self.choice), stream, get(chunk, "id"), chunk)
-        chunks = self.chunks
-        events = chunks.reader.feed(chunk)
-        chunks.chunks += 1
-        chunks.time = time
-        chunks.stream.events += events
-        chunks.stream.times += [time] * len(events)
+            self.chunks = _ChunkStream(get(chunk, "id"))
+        self.chunks.chunks.append(chunk)
+        self.chunks.times.append(time)
 
     def add_event(self, event: Any, time: float) -> None:
         self.end_chunks()
@@ -192,7 +223,7 @@ class _Collector:
             return
         if shape == CHAT:
             self.end_stream()
-            self.collected.append(CollectedResponse(as_response(obj, self.choice)))
+            self.add_answer(obj)
             return
         ids = _stored_ids(obj)
         if ids is not None:
@@ -226,15 +257,19 @@ def collect(
     obj: Any,
     times: Sequence[float] | None = None,
     lookup: ResponseLookup | None = None,
-    choice: int = 0,
+    choice: int | None = 0,
 ) -> list[Collected]:
     """Responses and streams found in ``obj``, in input order; ids are read through ``lookup``
     (default: the registry, ``nbresponses.traffic.lookup.stored``); ``choice``: which choice
-    of a Chat Completions or Completions answer is read (``n > 1`` gives several)."""
+    of a Chat Completions or Completions answer is read (``n > 1`` gives several); None
+    reads every choice, each a Response of its own, whose id ends in ``#index`` when there
+    are several."""
     if lookup is not None and not isinstance(lookup, ResponseLookup):
         raise TypeError(f"lookup= takes an object with find(response_id), not {lookup!r}")
-    if not isinstance(choice, int) or isinstance(choice, bool) or choice < 0:
-        raise ValueError(f"choice= takes a choice index (0, 1, ...), not {choice!r}")
+    if choice is not None and (
+        not isinstance(choice, int) or isinstance(choice, bool) or choice < 0
+    ):
+        raise ValueError(f"choice= takes a choice index (0, 1, ...) or None, not {choice!r}")
     collector = _Collector(lookup, choice)
     if times is None:
         collector.add(obj)

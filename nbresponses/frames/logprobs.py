@@ -105,7 +105,7 @@ def _read_entries(entries: list[Any]) -> tuple[Sequence[Any], ...]:
     return tokens, logprobs, raw, tops  # tops may hold None: top_matrix copes
 
 
-def _gather(obj: Any, lookup: ResponseLookup | None, choice: int = 0) -> _Tokens:
+def _gather(obj: Any, lookup: ResponseLookup | None, choice: int | None = 0) -> _Tokens:
     parts = list(iter_parts(collect(obj, lookup=lookup, choice=choice)))
     tokens: list[Any] = []
     logprobs: list[Any] = []
@@ -227,7 +227,7 @@ def _warn_if_empty(n: int) -> None:
 
 
 def logprobs_frame(
-    obj: Any, *, lookup: ResponseLookup | None = None, choice: int = 0
+    obj: Any, *, lookup: ResponseLookup | None = None, choice: int | None = 0
 ) -> pd.DataFrame:
     """One row per generated token of every output_text part in ``obj``.
 
@@ -238,9 +238,10 @@ def logprobs_frame(
     ``ChatCompletion`` (``choices[choice].logprobs.content``, and ``.refusal``), its stream
     (chunks, or the SDK's sync ``Stream``), a ``Completion`` (``logprobs.tokens`` /
     ``token_logprobs`` / ``top_logprobs``) or its stream; ``choice`` picks one of ``n > 1``
-    choices. They give the rows a Responses answer with the same tokens gives (the message's
-    text at ``output_index`` 0, after a reasoning item when the server streamed one;
-    ``item_id`` is NA: these APIs have no item ids). A Completion made with ``echo=True``
+    choices (None: every choice, each keyed by a ``response_id`` ending in ``#index``). They
+    give the rows a Responses answer with the same tokens gives (the message's text at
+    ``output_index`` 0, after a reasoning item when the server streamed one; ``item_id`` is
+    NA: these APIs have no item ids). A Completion made with ``echo=True``
     starts with its prompt's tokens, ``given`` True, the first with a NaN logprob (nothing
     predicts it); vLLM's ``prompt_logprobs`` add their ranks.
     Columns and dtypes are :data:`LOGPROBS_COLUMNS`; the index is a RangeIndex, rows are
@@ -337,7 +338,7 @@ def _top_frame(data: _Tokens, top: TopK) -> pd.DataFrame:
 
 
 def top_logprobs_frame(
-    obj: Any, *, lookup: ResponseLookup | None = None, choice: int = 0
+    obj: Any, *, lookup: ResponseLookup | None = None, choice: int | None = 0
 ) -> pd.DataFrame:
     """Long form of the alternatives: one row per (token position, returned alternative).
 

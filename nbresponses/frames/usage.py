@@ -106,7 +106,7 @@ def usage_frame(
     *,
     times: Iterable[float] | None = None,
     lookup: ResponseLookup | None = None,
-    choice: int = 0,
+    choice: int | None = 0,
 ) -> pd.DataFrame:
     """Token usage per response, plus latency for streams; RangeIndex, one row per response.
 

@@ -64,7 +64,7 @@ Boundary = str | re.Pattern[str]
 Segmentation = Sequence[str] | Sequence[Sequence[str]] | None
 
 
-def _token_frame(obj: Any, lookup: ResponseLookup | None, choice: int = 0) -> pd.DataFrame:
+def _token_frame(obj: Any, lookup: ResponseLookup | None, choice: int | None = 0) -> pd.DataFrame:
     if isinstance(obj, pd.DataFrame):
         frame = obj
     else:
@@ -188,7 +188,7 @@ def _each_part(
     words: Segmentation,
     bow_correction: bool = False,
     lookup: ResponseLookup | None = None,
-    choice: int = 0,
+    choice: int | None = 0,
 ) -> list[tuple[pd.DataFrame, pd.DataFrame, np.ndarray]]:
     """(token rows, word rows, token -> word) per part with at least one word."""
     frame = _token_frame(obj, lookup, choice)
@@ -229,7 +229,7 @@ def words_frame(
     words: Segmentation = None,
     bow_correction: bool = False,
     lookup: ResponseLookup | None = None,
-    choice: int = 0,
+    choice: int | None = 0,
 ) -> pd.DataFrame:
     """One row per word of every output_text part: ``text``, char span, summed ``surprisal``
     (nats; ``surprisal_bits``), ``logprob`` (the sum), ``tokens`` and the ``first_position``
@@ -271,7 +271,7 @@ def span_surprisal(
     words: Segmentation = None,
     bow_correction: bool = False,
     lookup: ResponseLookup | None = None,
-    choice: int = 0,
+    choice: int | None = 0,
 ) -> pd.DataFrame:
     """The surprisal of a slice of each part's text: chars ``[start, stop)`` (``unit="char"``)
     or words ``[start, stop)`` (``unit="word"``, numbered as in :func:`words_frame`).

@@ -475,3 +475,37 @@ def test_error_bodies_and_answers_without_logprobs() -> None:
     usage = nbr.usage_frame([error, bare])
     assert len(usage) == 1 and usage.loc[0, "input_tokens"] == USAGE["prompt"]
     assert np.isnan(usage.loc[0, "ttft_s"])
+
+
+def test_choice_none_reads_every_choice() -> None:
+    other = [("Bye", list(b"Bye"), -0.5, [("Bye", -0.5)]), ("!", list(b"!"), -0.25, [])]
+    answer = chat_completion([chat_choice(0), chat_choice(1, other, "Bye!")])
+    frame = nbr.logprobs_frame(answer, choice=None)
+    assert list(frame.response_id.unique()) == ["chatcmpl-1#0", "chatcmpl-1#1"]
+    first = frame[frame.response_id == "chatcmpl-1#0"].reset_index(drop=True)
+    assert_frame_equal(
+        first.drop(columns=NAMES).astype(dict.fromkeys(["token", "runner_up"], object)),
+        nbr.logprobs_frame(response())
+        .drop(columns=NAMES)
+        .astype(dict.fromkeys(["token", "runner_up"], object)),
+    )
+    # two interleaved streamed choices, as n=2 streams send them
+    a, b = chat_chunks(0), chat_chunks(1)
+    interleaved = [x for pair in zip(a[:-1], b[:-1], strict=True) for x in pair] + [a[-1]]
+    streamed = nbr.logprobs_frame(interleaved, choice=None)
+    assert list(streamed.response_id.unique()) == ["chatcmpl-2#0", "chatcmpl-2#1"]
+    assert len(streamed) == 2 * len(TOKENS)
+    usage = nbr.usage_frame(interleaved, choice=None)
+    assert list(usage.response_id) == ["chatcmpl-2#0", "chatcmpl-2#1"]
+    # one choice: the id stays the answer's
+    assert list(nbr.usage_frame(chat_completion(), choice=None).response_id) == ["chatcmpl-1"]
+
+
+def test_samples_frame_counts_the_choices_of_one_answer() -> None:
+    other = [("Bye", list(b"Bye"), -0.5, []), ("!", list(b"!"), -0.25, [])]
+    answer = chat_completion([chat_choice(0), chat_choice(1, other, "Bye!"), chat_choice(2)])
+    samples = nbr.samples_frame(answer)
+    assert samples.attrs["n"] == 3
+    assert list(samples.answer) == [TEXT, "Bye!"] and list(samples["count"]) == [2, 1]
+    assert samples.sequence_logprob[1] == pytest.approx(-0.75)
+    assert samples.diverges_at[0] == 0

@@ -143,3 +143,23 @@ def test_the_legacy_body_and_stream_without_logprobs() -> None:
     assert list(usage.streamed) == [False, True] and len(usage) == 2
     assert list(usage.status) == ["incomplete", "incomplete"]
     assert not math.isnan(usage.loc[0, "created_at"].timestamp())
+
+
+def test_samples_frame_of_the_n3_stream() -> None:
+    from collections import Counter
+
+    chunks = load("n3")
+    texts = Counter(
+        "".join(
+            ch["delta"].get("content") or ""
+            for c in chunks
+            for ch in c["choices"]
+            if ch["index"] == k
+        )
+        for k in range(3)
+    )
+    samples = nbr.samples_frame(chunks)
+    assert samples.attrs["n"] == 3
+    assert dict(zip(samples.answer, samples["count"], strict=True)) == dict(texts)
+    ids = [i for row in samples.response_ids for i in row]
+    assert sorted(ids) == [f"{chunks[0]['id']}#{k}" for k in range(3)]
