@@ -198,7 +198,8 @@ class _Collector:
         self.chunks.times.append(time)
 
     def add_event(self, event: Any, time: float) -> None:
-        self.end_chunks()
+        if self.chunks is not None:
+            self.end_chunks()
         seq = get(event, "sequence_number")
         restart = self.last_seq is not None and isinstance(seq, int) and seq <= self.last_seq
         if self.stream is not None and (restart or get(event, "type") in STARTED):
@@ -216,25 +217,25 @@ class _Collector:
         if _is_pair(obj):
             self.add(obj[1], float(obj[0]))
             return
-        obj = chunk_of(obj)
-        shape = shape_of(obj)
-        if shape in (CHUNK, TEXT):
-            self.add_chunk(obj, time)
-            return
-        if shape == CHAT:
-            self.end_stream()
-            self.add_answer(obj)
-            return
         ids = _stored_ids(obj)
         if ids is not None:
             self.add([self.find(i) for i in ids])
             return
-        kind = kind_of(obj)
+        kind = kind_of(obj)  # Responses traffic first: the per-event path of long streams
         if kind == "event":
             self.add_event(obj, time)
-        elif kind == "response":
+            return
+        if kind == "response":
             self.end_stream()
             self.collected.append(CollectedResponse(obj))
+            return
+        obj = chunk_of(obj)
+        shape = shape_of(obj)
+        if shape in (CHUNK, TEXT):
+            self.add_chunk(obj, time)
+        elif shape == CHAT:
+            self.end_stream()
+            self.add_answer(obj)
         elif _is_group(obj):
             self.end_stream()
             for item in obj:
