@@ -36,6 +36,8 @@ __all__ = [
     "as_events",
     "as_response",
     "chunk_of",
+    "error_response",
+    "is_error_body",
     "shape_of",
     "usage_of",
 ]
@@ -446,6 +448,35 @@ class ChoiceReader:
                 )
             events.append(self._event("response.output_item.done", output_index=index, item=item))
         return events
+
+
+def is_error_body(obj: Any) -> bool:
+    """An API's error body, ``{"error": {"message", "type", "param", "code"}}`` (any server)."""
+    return (
+        isinstance(obj, dict)
+        and isinstance(obj.get("error"), dict)
+        and "object" not in obj
+        and "type" not in obj
+    )
+
+
+def error_response(body: dict[str, Any]) -> dict[str, Any]:
+    """An error body as the failed Response it stands for (no id, no output)."""
+    error = body["error"]
+    code = error.get("code") or error.get("type")
+    return {
+        "id": None,
+        "object": "response",
+        "status": "failed",
+        "model": None,
+        "output": [],
+        "usage": None,
+        "error": {
+            "code": None if code is None else str(code),
+            "message": str(error.get("message", "")),
+        },
+        "incomplete_details": None,
+    }
 
 
 def as_response(obj: Any, choice: int = 0) -> dict[str, Any]:

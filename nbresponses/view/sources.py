@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from nbresponses.traffic.chat import CHAT, TEXT, EventReader, shape_of
+from nbresponses.traffic.chat import CHAT, TEXT, EventReader, is_error_body, shape_of
 
 SourceKind = Literal["response", "events", "async", "async_manager", "sync"]
 Hook = Callable[[], Any]
@@ -26,14 +26,14 @@ def classify(source: Any) -> SourceKind:
     """Which of the accepted source shapes ``source`` is."""
     if isinstance(source, BaseModel) and getattr(source, "object", None) == "response":
         return "response"
-    if shape_of(source) in (CHAT, TEXT):
-        return "response"  # a ChatCompletion or Completion (read by ``traffic.chat``)
+    if shape_of(source) in (CHAT, TEXT) or is_error_body(source):
+        return "response"  # a ChatCompletion, a Completion or an error body (``traffic.chat``)
     if isinstance(source, dict):
         if source.get("object") == "response" or ("output" in source and "type" not in source):
             return "response"
         raise TypeError(
-            "a dict source must be a Response (with 'object': 'response'), a ChatCompletion "
-            "or a Completion"
+            "a dict source must be a Response (with 'object': 'response'), a ChatCompletion, "
+            "a Completion or an error body"
         )
     if isinstance(source, (list, tuple)):
         return "events"

@@ -19,7 +19,13 @@ import anywidget
 import traitlets
 from openai.types.responses import Response
 
-from nbresponses.traffic.chat import as_events, as_response, shape_of
+from nbresponses.traffic.chat import (
+    as_events,
+    as_response,
+    error_response,
+    is_error_body,
+    shape_of,
+)
 from nbresponses.traffic.recording import keep_shown, origin_of
 
 from ._plain import plain
@@ -76,7 +82,11 @@ class ResponseView(anywidget.AnyWidget):
         self.on_msg(self._on_front_end)
 
         if kind == "response":
-            self._folder.load_response(as_response(source, choice) if shape_of(source) else source)
+            if shape_of(source):
+                source = as_response(source, choice)
+            elif is_error_body(source):
+                source = error_response(source)
+            self._folder.load_response(source)
             self._finish(measured=False)
         elif kind == "events":
             for event in as_events(source, choice):

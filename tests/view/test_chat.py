@@ -205,5 +205,9 @@ def test_whole_answers() -> None:
     view = ResponseView(stream)
     assert view.response.output_text == "".join(c["choices"][0]["text"] for c in stream[:-1])
     assert view.status == "incomplete (max_output_tokens)"
+    error = load("error_404")
+    view = ResponseView(error)
+    assert view.status == f"failed: {error['error']['message']}"
+    assert view.state["response"]["error"]["code"] == error["error"]["code"] == "model_not_found"
     with pytest.raises(TypeError, match="ChatCompletion"):
-        ResponseView(load("error_404"))
+        ResponseView({"unknown": 1})
