@@ -201,7 +201,9 @@ class ChoiceReader:
 
     def _prompt_count(self, entries: list[Any], prompt: Any, chunk: Any) -> int:
         """How many of the echoed entries are the prompt's: vLLM's ``prompt_logprobs`` says;
-        a stream echoes the prompt alone in its first chunk; else the usage's prompt tokens."""
+        a stream echoes the prompt alone in its first chunk; else the usage's prompt tokens
+        (all entries when they are fewer). An answer to a batch of prompts counts all of them
+        in its usage: there only ``prompt_logprobs`` or ``max_tokens=0`` split exactly."""
         if isinstance(prompt, list) and prompt:
             return min(len(prompt), len(entries))
         if self.streamed:
