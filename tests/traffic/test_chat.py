@@ -246,3 +246,33 @@ def test_prompt_logprobs_alternatives_are_the_top_k_listed() -> None:
         [position(("a", 1), ("b", 2), ("c", 3)), position(("c", 3), ("a", 1), ("b", 2))]
     )
     assert [[t["token"] for t in e["top_logprobs"]] for e in got] == [["a", "b", "c"]] * 2
+
+
+def test_interleaved_parallel_call_deltas_go_to_their_calls() -> None:
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        return {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                "choices": [choice]}  # fmt: skip
+
+    def call(index: int, arguments: str, name: str | None = None) -> dict[str, Any]:
+        opened = {"id": f"call_{index}", "type": "function"} if name else {}
+        return {"tool_calls": [{"index": index, **opened,
+                                "function": {"name": name, "arguments": arguments}}]}  # fmt: skip
+
+    chunks = [
+        chunk({"role": "assistant", "content": "Checking."}),
+        chunk(call(0, "", "weather")),
+        chunk(call(1, '{"q"', "search")),
+        chunk(call(0, '{"city":')),
+        chunk(call(1, ': "x"}')),
+        chunk(call(0, ' "Oslo"}')),
+        chunk({}, "tool_calls"),
+    ]
+    response = terminal(list(as_events(chunks)))
+    assert [(i["type"], i.get("name"), i.get("arguments")) for i in response["output"]] == [
+        ("message", None, None),
+        ("function_call", "weather", '{"city": "Oslo"}'),
+        ("function_call", "search", '{"q": "x"}'),
+    ]
+    assert [i["call_id"] for i in items(response, "function_call")] == ["call_0", "call_1"]
+    assert part(response, "output_text")["text"] == "Checking."

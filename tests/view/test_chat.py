@@ -211,3 +211,11 @@ def test_whole_answers() -> None:
     assert view.state["response"]["error"]["code"] == error["error"]["code"] == "model_not_found"
     with pytest.raises(TypeError, match="ChatCompletion"):
         ResponseView({"unknown": 1})
+
+
+def test_the_html_fallback_shows_a_chat_answer() -> None:
+    chunks = load("deepseek")
+    data, _ = ResponseView(chunks)._repr_mimebundle_()
+    html = data["text/html"]
+    assert "The product of 17 and 23 is 391." in html
+    assert "completed" in html
