@@ -14,7 +14,7 @@ import math
 import warnings
 from typing import Any
 
-import httpx
+import httpx2 as httpx  # the HTTP client this openai SDK is built on
 import numpy as np
 import openai
 import pandas as pd
