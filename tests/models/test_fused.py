@@ -296,6 +296,7 @@ def test_explicit_fused_recipe_on_unsupported_model_fails_cleanly(gelu_source, t
     assert not list((tmp_path / "tmp").iterdir())
 
 
+@pytest.mark.slow
 def test_auto_falls_back_to_optimum_recipes(gelu_source, tmp_path, monkeypatch) -> None:
     from nbresponses.models import prepare
 
