@@ -121,6 +121,10 @@ def test_tokenizer_info_is_what_lm_evals_remote_tokenizer_reads(tokenizer, token
         assert remote.apply_chat_template(chat) == tokenizer.apply_chat_template(
             chat, tokenize=False, add_generation_prompt=True
         )
+    with ThreadedServer(client, api_key="key") as server, server.http() as http:
+        assert http.get("/tokenizer_info").status_code == 401  # like every route but /health
+        keyed = http.get("/tokenizer_info", headers={"authorization": "Bearer key"})
+        assert keyed.json() == info
     assert info["tokenizer_class"] == type(tokenizer).__name__
     assert info["chat_template"] == tokenizer.chat_template
     assert info["name_or_path"] == client.model
