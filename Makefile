@@ -42,11 +42,14 @@ sandbox-deps:
 js-deps:
 	npm ci --prefix js --no-audit --no-fund --loglevel=error
 
+# Everything: CI runs this (.ci/run).
 test: install browser-deps sandbox-deps js-deps
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
 
+# The edit-test loop: no bundled model (integration), no browser, no notebooks, nothing over 5 s
+# (slow). tests/conftest.py marks tests that ask for the bundled model and lists slow unmarked ones.
 test-fast: install sandbox-deps
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -m "not integration and not browser and not slow"
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -m "not slow and not integration and not browser and not notebooks"
 
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

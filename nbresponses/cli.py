@@ -1,14 +1,21 @@
-"""The ``nbresponses`` command: prepare models, list them, stream a demo answer."""
+"""The ``nbresponses`` command: prepare models, list them, stream a demo answer, serve a model,
+run lm-evaluation-harness on one."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from nbresponses._extras import MissingExtra, require
 from nbresponses.models.errors import ModelError
+from nbresponses.models.sources import BUNDLED_ALIAS
+
+
+class UsageError(Exception):
+    """A command line that cannot mean what the user wants."""
 
 
 def _recipes_help() -> str:
@@ -80,7 +87,59 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: $NBRESPONSES_STORE, else responses.sqlite3 in the user data dir); "
         "'memory' keeps them in this process only, 'off' keeps none",
     )
+    evaluate = commands.add_parser(
+        "eval",
+        help="run lm-evaluation-harness on a model in this process (no server)",
+        description="Run lm-evaluation-harness ('lm-eval run') with its model 'nbresponses': "
+        "the engine in this process, no server. Every argument not listed here goes to lm-eval "
+        "as it is (--tasks, --limit, --num_fewshot, --output_path, --model_args, --log_samples, "
+        "--include_path...; see 'lm-eval run --help'). Results saved with --output_path go "
+        "under a folder named after the model.",
+        allow_abbrev=False,
+    )
+    evaluate.add_argument(
+        "--model",
+        default=None,
+        help=f"model source, as for 'prepare' (default: the bundled {BUNDLED_ALIAS!r})",
+    )
+    evaluate.add_argument("-q", "--quantization", default=None, metavar="RECIPE")
     return parser
+
+
+def lm_eval_argv(args: argparse.Namespace, rest: Sequence[str]) -> list[str]:
+    """The ``lm-eval run`` arguments for ``nbresponses eval``: its model is ``nbresponses``, and
+    the model source goes first into ``--model_args`` as ``model=`` (lm-eval names the results
+    folder after it; a user's own ``--model_args`` come after and may add to it)."""
+    if "-M" in rest:
+        raise UsageError(
+            "nbresponses eval runs lm-eval's 'nbresponses' model; "
+            "--model names the model source (default: the bundled model)."
+        )
+    model_args = [f"model={args.model or BUNDLED_ALIAS}"]
+    if args.quantization:
+        model_args.append(f"quantization={args.quantization}")
+    if args.cache_dir:
+        model_args.append(f"cache_dir={args.cache_dir}")
+    return ["run", "--model", "nbresponses", "--model_args", *model_args, *rest]
+
+
+def cmd_eval(args: argparse.Namespace, rest: Sequence[str]) -> int:
+    if importlib.util.find_spec("lm_eval") is None:
+        raise MissingExtra("eval", "nbresponses eval", ["lm_eval"])
+    argv = lm_eval_argv(args, rest)
+    from lm_eval.__main__ import cli_evaluate
+
+    import nbresponses.harness  # noqa: F401  # registers "nbresponses" (lm-eval finds models by import)
+
+    saved = sys.argv
+    sys.argv = ["lm-eval", *argv]  # lm-eval's entry point parses sys.argv
+    try:
+        cli_evaluate()
+    except SystemExit as exc:  # lm-eval's own usage errors
+        return exc.code if isinstance(exc.code, int) else 2
+    finally:
+        sys.argv = saved
+    return 0
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
@@ -211,10 +270,18 @@ COMMANDS = {"prepare": cmd_prepare, "models": cmd_models, "demo": cmd_demo, "ser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest and args.command != "eval":  # only eval passes arguments on (to lm-eval)
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         require("engine", f"nbresponses {args.command}")
+        if args.command == "eval":
+            return cmd_eval(args, rest)
         return COMMANDS[args.command](args)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except (ModelError, MissingExtra) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

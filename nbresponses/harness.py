@@ -55,15 +55,20 @@ class EngineLM(TemplateLM):
         method: Method = "prefill",
         max_length: int | None = None,
         max_gen_toks: int = 256,
+        cache_dir: str | None = None,
         **_: Any,
     ) -> None:
-        """``engine``: one already loaded, or ``model`` / ``quantization`` to load (as
-        ``nbr.Engine.load``); ``method``: how scorings are computed ("prefill", the fast
+        """``engine``: one already loaded, or ``model`` / ``quantization`` (/ ``cache_dir``) to
+        load (as ``nbr.Engine.load``); ``method``: how scorings are computed ("prefill", the fast
         way, as ``/v1/completions`` does by default; or "decode")."""
         super().__init__()
         self._loop = LoopThread("nbresponses-harness")
         self._owned = engine is None
-        self.engine = engine if engine is not None else self._run(Engine.load(model, quantization))
+        self.engine = (
+            engine
+            if engine is not None
+            else self._run(Engine.load(model, quantization, cache_dir=cache_dir))
+        )
         self.method: Method = method
         self.batch_size = max(1, int(batch_size)) if str(batch_size) != "auto" else 8
         context = self.engine.generator.context_length

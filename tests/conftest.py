@@ -1,7 +1,13 @@
-"""Shared fixtures: a persistent test cache, the bundled tokenizer, tiny and real models.
+"""Shared fixtures: a persistent test cache, the bundled tokenizer, tiny and real models; and
+markers that tell the truth.
 
 The cache survives test runs on one machine (preparing the real model takes about a minute);
 CI on a fresh machine prepares everything once per run.
+
+Markers: a test that asks for the real bundled model (any fixture in ``BUNDLED_FIXTURES``, even
+through another fixture) is marked ``integration`` here, so a new test cannot forget it. A test
+whose own run takes over ``SLOW_SECONDS`` without the ``slow`` marker is named at the end of the
+run (timings on a loaded machine stretch: a list to read, not a failure).
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers.paths import TEST_CACHE
@@ -22,6 +29,29 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 _STORE_DIR = tempfile.mkdtemp(prefix="nbr-test-store-")
 atexit.register(shutil.rmtree, _STORE_DIR, ignore_errors=True)
 os.environ.setdefault("NBRESPONSES_STORE", os.path.join(_STORE_DIR, "responses.sqlite3"))
+
+
+BUNDLED_FIXTURES = frozenset({"bundled_model", "bundled_fp32", "bundled_analysis"})
+SLOW_SECONDS = 5.0
+_unmarked_slow: list[tuple[str, float]] = []
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if BUNDLED_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "call" and report.duration > SLOW_SECONDS and "slow" not in report.keywords:
+        _unmarked_slow.append((report.nodeid, report.duration))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _unmarked_slow:
+        terminalreporter.section(f"over {SLOW_SECONDS:g} s without the slow marker")
+        for nodeid, seconds in sorted(_unmarked_slow, key=lambda entry: -entry[1]):
+            terminalreporter.write_line(f"{seconds:7.1f}s  {nodeid}")
 
 
 @pytest.fixture(scope="session")

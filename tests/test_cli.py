@@ -1,4 +1,5 @@
-"""The command line: ``nbresponses prepare``, ``models`` and ``demo``, and the demo's summary."""
+"""The command line: ``nbresponses prepare``, ``models``, ``demo`` and ``eval``'s arguments, and
+the demo's summary (``eval`` running lm-eval: tests/test_harness.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from helpers.paths import ROOT
 
+from nbresponses.cli import UsageError, build_parser, lm_eval_argv
 from nbresponses.cli import main as cli_main
 from nbresponses.models.recipes import RECIPES
 
@@ -100,3 +103,40 @@ def test_cli_demo_streams_through_the_responses_api(tiny_source, cache_dir, caps
     assert code == 0
     assert "[incomplete (max_output_tokens): " in captured.err or "[completed: " in captured.err
     assert "first token" in captured.err
+
+
+def test_eval_hands_lm_evals_arguments_through_after_the_model() -> None:
+    parser = build_parser()
+    argv = ["--cache-dir", "/c", "eval", "--tasks", "a", "b", "--model", "m.gguf", "--limit", "2"]
+    argv += ["-q", "q8", "--model_args", "batch_size=4", "-o", "out"]
+    args, rest = parser.parse_known_args(argv)
+    assert lm_eval_argv(args, rest) == [
+        "run",
+        "--model",
+        "nbresponses",
+        "--model_args",
+        "model=m.gguf",
+        "quantization=q8",
+        "cache_dir=/c",
+        "--tasks",
+        "a",
+        "b",
+        "--limit",
+        "2",
+        "--model_args",  # lm-eval merges both; the user's keys win
+        "batch_size=4",
+        "-o",
+        "out",
+    ]
+    args, rest = parser.parse_known_args(["eval", "--tasks", "a"])
+    assert lm_eval_argv(args, rest)[3:5] == ["--model_args", "model=smollm2-135m-instruct"]
+    args, rest = parser.parse_known_args(["eval", "-M", "hf", "--tasks", "a"])
+    with pytest.raises(UsageError, match="--model names the model source"):
+        lm_eval_argv(args, rest)
+
+
+def test_only_eval_passes_unknown_arguments_on(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["models", "--tasks", "a"])
+    assert exc.value.code == 2
+    assert "unrecognized arguments: --tasks a" in capsys.readouterr().err

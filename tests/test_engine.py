@@ -116,6 +116,7 @@ async def test_a_restarted_engine_keeps_its_responses(tiny_source, cache_dir, tm
         await engine.aclose()
 
 
+@pytest.mark.integration
 async def test_bundled_model_answers_sensibly(bundled_model, cache_dir) -> None:
     engine = await Engine.load(bundled_model.path, progress=False)
     try:

@@ -1,7 +1,8 @@
 """lm-evaluation-harness, offline, on a small task written here: its ``local-completions``
-model pointed at ``nbresponses serve``, and ``nbresponses.harness.EngineLM`` in the kernel,
-give the same accuracy, perplexities, generations and per-sample logprobs, at batch sizes 1
-and 8 (the engine is batch-invariant)."""
+model pointed at ``nbresponses serve`` (with the tokenizer's folder, or with no tokenizer at all:
+``GET /tokenizer_info`` and ``/tokenize``, vLLM's routes), ``nbresponses.harness.EngineLM`` in the
+kernel, and ``nbresponses eval`` from the shell give the same accuracy, perplexities, generations
+and per-sample logprobs, at batch sizes 1 and 8 (the engine is batch-invariant)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import logging
 from pathlib import Path
 
 import pytest
+from helpers.responses import client_for
 from helpers.server import ThreadedServer
 
 lm_eval = pytest.importorskip("lm_eval")
@@ -63,14 +65,14 @@ def write_tasks(folder: Path) -> None:
     )
 
 
-def evaluate(lm, folder: Path, batch_size: int, **model_args) -> dict:
+def evaluate(lm, folder: Path, batch_size: int, tasks=TASKS, **model_args) -> dict:
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
     return simple_evaluate(
         model=lm,
         model_args=model_args or None,
-        tasks=TASKS,
+        tasks=tasks,
         task_manager=TaskManager(include_path=str(folder)),
         batch_size=batch_size,
         log_samples=True,
@@ -92,7 +94,47 @@ def metrics(results: dict) -> dict:
     return {task: results["results"][task] for task in TASKS}
 
 
+def test_tokenizer_info_is_what_lm_evals_remote_tokenizer_reads(tokenizer, tokenizer_dir) -> None:
+    """``GET /tokenizer_info`` in vLLM's shape, read by lm-eval's own ``RemoteTokenizer``: its
+    special tokens, ids and chat template are those of the tokenizer the model was prepared with,
+    and no path on the server's disk is published."""
+    from lm_eval.utils import RemoteTokenizer, check_remote_tokenizer_support
+
+    client, _ = client_for(tokenizer, "unused")
+    with ThreadedServer(client) as server, server.http() as http:
+        info = http.get("/tokenizer_info").json()
+        base_url = f"{server.base_url}/completions"  # what a user gives local-completions
+        assert check_remote_tokenizer_support(base_url, max_retries=1)
+        remote = RemoteTokenizer(base_url, max_retries=1)
+        assert (remote.eos_token, remote.bos_token, remote.pad_token) == (
+            tokenizer.eos_token,
+            tokenizer.bos_token,
+            tokenizer.pad_token,
+        )
+        assert (remote.eos_token_id, remote.bos_token_id) == (
+            tokenizer.eos_token_id,
+            tokenizer.bos_token_id,
+        )
+        text = "The capital of France is Paris."
+        assert remote.encode(text) == tokenizer.encode(text, add_special_tokens=False)
+        chat = [{"role": "user", "content": "Hi"}]
+        assert remote.apply_chat_template(chat) == tokenizer.apply_chat_template(
+            chat, tokenize=False, add_generation_prompt=True
+        )
+    with ThreadedServer(client, api_key="key") as server, server.http() as http:
+        assert http.get("/tokenizer_info").status_code == 401  # like every route but /health
+        keyed = http.get("/tokenizer_info", headers={"authorization": "Bearer key"})
+        assert keyed.json() == info
+    assert info["tokenizer_class"] == type(tokenizer).__name__
+    assert info["chat_template"] == tokenizer.chat_template
+    assert info["name_or_path"] == client.model
+    assert str(tokenizer_dir) not in json.dumps(info)
+
+
+@pytest.mark.slow
 async def test_local_completions_and_the_engine_model_agree(fused_engine, tokenizer_dir, tmp_path):
+    from lm_eval.api.registry import get_model
+
     from nbresponses.harness import EngineLM
 
     logging.getLogger("lm-eval").setLevel(logging.WARNING)
@@ -112,6 +154,16 @@ async def test_local_completions_and_the_engine_model_agree(fused_engine, tokeni
                 num_concurrent=1,
                 max_retries=1,
             )
+        # as lm-eval's users run it: no tokenizer named, lm-eval's default backend ("auto")
+        # finds /tokenizer_info and tokenizes through the server, offline
+        remote = get_model("local-completions")(
+            model=fused_engine.model,
+            base_url=f"{server.base_url}/completions",
+            num_concurrent=1,
+            max_retries=1,
+        )
+        assert remote.tokenizer_backend == "remote"
+        runs["server, remote tokenizer", 1] = await asyncio.to_thread(evaluate, remote, tmp_path, 1)
     for batch_size in (1, 8):
         model = EngineLM(fused_engine, batch_size=batch_size)
         try:
@@ -130,3 +182,47 @@ async def test_local_completions_and_the_engine_model_agree(fused_engine, tokeni
         assert metrics(run) == metrics(first), key
     assert 0 <= first["results"]["nbr_mc"]["acc,none"] <= 1
     assert first["results"]["nbr_rolling"]["word_perplexity,none"] > 1
+
+
+@pytest.mark.slow
+async def test_nbresponses_eval_runs_lm_eval_in_process(
+    fused_engine, tiny_source, cache_dir, tmp_path
+) -> None:
+    """``nbresponses eval`` hands lm-eval's own arguments through, runs the ``nbresponses`` model
+    without a server, and files the results under the model's name; its per-sample logprobs are
+    those of ``EngineLM`` on the same prepared model."""
+    from lm_eval.utils import sanitize_model_name
+
+    from nbresponses.cli import main as cli_main
+    from nbresponses.harness import EngineLM
+
+    logging.getLogger("lm-eval").setLevel(logging.WARNING)
+    write_tasks(tmp_path)
+    out = tmp_path / "results"
+    argv = ["--cache-dir", str(cache_dir), "eval", "--model", str(tiny_source)]
+    argv += ["-q", "fused-fp32", "--tasks", "nbr_mc", "--include_path", str(tmp_path)]
+    argv += ["--output_path", str(out), "--log_samples", "--verbosity", "WARNING"]
+    assert await asyncio.to_thread(cli_main, argv) == 0
+    [folder] = out.iterdir()
+    assert folder.name == sanitize_model_name(str(tiny_source))  # lm-eval's rule, not a random id
+    [results_file] = folder.glob("results_*.json")
+    [samples_file] = folder.glob("samples_nbr_mc_*.jsonl")
+    results = json.loads(results_file.read_text())
+    assert results["config"]["model"] == "nbresponses"
+    samples = [json.loads(line) for line in samples_file.read_text().splitlines()]
+    assert len(samples) == len(QUESTIONS)
+    shell = sorted((s["doc_id"], s["filtered_resps"]) for s in samples)
+
+    model = EngineLM(fused_engine)  # the same prepared model (fused-fp32 of tiny_source)
+    assert fused_engine.prepared.path.name.startswith(tiny_source.name)
+    try:
+        kernel = await asyncio.to_thread(evaluate, model, tmp_path, 1, ["nbr_mc"])
+    finally:
+        model.close()
+    # the samples file keeps each response as text: str() of a float is its exact repr
+    in_kernel = sorted(
+        (s["doc_id"], [[str(lp), str(greedy)] for lp, greedy in s["filtered_resps"]])
+        for s in kernel["samples"]["nbr_mc"]
+    )
+    assert in_kernel == shell
+    assert results["results"]["nbr_mc"]["acc,none"] == kernel["results"]["nbr_mc"]["acc,none"]

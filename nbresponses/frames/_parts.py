@@ -55,7 +55,9 @@ def is_given(response: Any) -> bool:
 
 
 def parts_of_response(response: Any) -> Iterator[Part]:
-    """output_text parts with logprobs; other items and content types are skipped."""
+    """output_text parts with logprobs (and refusal parts that carry some: a Chat Completions
+    refusal's ``logprobs.refusal``, as ``nbresponses.traffic.chat`` reads it); other items and
+    content types are skipped."""
     rid = get(response, "id")
     given = is_given(response)
     for oi, item in enumerate(get(response, "output", ())):
@@ -63,8 +65,11 @@ def parts_of_response(response: Any) -> Iterator[Part]:
             continue
         for ci, content in enumerate(get(item, "content", ())):
             entries = get(content, "logprobs")
-            if get(content, "type") == "output_text" and entries:
+            if entries and get(content, "type") in _LOGPROB_PARTS:
                 yield Part(rid, get(item, "id"), oi, ci, list(entries), given)
+
+
+_LOGPROB_PARTS = ("output_text", "refusal")
 
 
 def summarize_stream(stream: CollectedStream) -> StreamSummary:

@@ -86,6 +86,7 @@ class _Tokens:
     ranks: np.ndarray  # exact ranks where the entries carry them (nbresponses' scorings), NaN
     entropies: np.ndarray  # full-vocabulary entropies where the entries carry them, NaN
     processed: np.ndarray  # logprobs under the distribution drawn from, where carried, NaN
+    given: np.ndarray  # per token: given (a scoring, an echoed prompt) rather than generated
 
 
 _ENTRY_FIELDS = ("token", "logprob", "bytes", "top_logprobs")
@@ -104,8 +105,8 @@ def _read_entries(entries: list[Any]) -> tuple[Sequence[Any], ...]:
     return tokens, logprobs, raw, tops  # tops may hold None: top_matrix copes
 
 
-def _gather(obj: Any, lookup: ResponseLookup | None) -> _Tokens:
-    parts = list(iter_parts(collect(obj, lookup=lookup)))
+def _gather(obj: Any, lookup: ResponseLookup | None, choice: int | None = 0) -> _Tokens:
+    parts = list(iter_parts(collect(obj, lookup=lookup, choice=choice)))
     tokens: list[Any] = []
     logprobs: list[Any] = []
     raw: list[Any] = []
@@ -113,6 +114,7 @@ def _gather(obj: Any, lookup: ResponseLookup | None) -> _Tokens:
     ranks: list[float] = []
     entropies: list[float] = []
     processed: list[float] = []
+    given: list[bool] = []
     for part in parts:
         part_tokens, part_logprobs, part_raw, part_tops = _read_entries(part.entries)
         tokens += part_tokens
@@ -123,6 +125,7 @@ def _gather(obj: Any, lookup: ResponseLookup | None) -> _Tokens:
         ranks += part_ranks
         entropies += part_entropies
         processed += _read_processed(part.entries)
+        given += _read_given(part)
     token_array = np.empty(len(tokens), dtype=object)
     token_array[:] = tokens
     return _Tokens(
@@ -136,14 +139,27 @@ def _gather(obj: Any, lookup: ResponseLookup | None) -> _Tokens:
         ranks=np.array(ranks, dtype=np.float64),
         entropies=np.array(entropies, dtype=np.float64),
         processed=np.array(processed, dtype=np.float64),
+        given=np.array(given, dtype=bool),
     )
+
+
+def _read_given(part: Part) -> list[bool]:
+    """Whether each token was given: the part's flag (a scoring), or the entry's own ``given``
+    (a Completions prompt echoed before the answer, ``nbresponses.traffic.legacy``)."""
+    entries = part.entries
+    if not entries or part.given or field(entries[0], "given") is None:
+        return [part.given] * len(entries)
+    return [bool(field(e, "given", False)) for e in entries]
 
 
 def _read_details(entries: list[Any]) -> tuple[list[float], list[float]]:
     """Exact rank and entropy per entry: fields nbresponses' scorings add to OpenAI's logprob
     objects (NaN for entries without them, e.g. any generated answer; a remote server's
-    scorings may carry ranks without entropies, as vLLM's prompt logprobs do)."""
+    scorings may carry ranks without entropies, as vLLM's prompt logprobs do). An echoed
+    prompt's first token has no logprob and no rank: the second tells."""
     first = entries[0] if entries else None
+    if first is not None and field(first, "logprob") is None and len(entries) > 1:
+        first = entries[1]
     if first is None or (field(first, "entropy") is None and field(first, "rank") is None):
         return [math.nan] * len(entries), [math.nan] * len(entries)
 
@@ -170,7 +186,6 @@ def _part_columns(data: _Tokens, counts: np.ndarray) -> dict[str, Any]:
         "item_id": repeat_categorical([p.item_id for p in parts], counts),
         "output_index": np.repeat(np.array([p.output_index for p in parts], np.int32), counts),
         "content_index": np.repeat(np.array([p.content_index for p in parts], np.int32), counts),
-        "given": np.repeat(np.array([p.given for p in parts], bool), counts),
     }
 
 
@@ -211,12 +226,24 @@ def _warn_if_empty(n: int) -> None:
         warnings.warn(NO_LOGPROBS_HINT, UserWarning, stacklevel=3)
 
 
-def logprobs_frame(obj: Any, *, lookup: ResponseLookup | None = None) -> pd.DataFrame:
+def logprobs_frame(
+    obj: Any, *, lookup: ResponseLookup | None = None, choice: int | None = 0
+) -> pd.DataFrame:
     """One row per generated token of every output_text part in ``obj``.
 
     ``obj``: a Response, a stream event, ``(time, event)`` pairs, JSON dicts of these, or any
     (nested) iterable mixing them. A stream gives the same frame as its folded Response
     (parts come from the terminal Response if present, else ``output_text.done``, else deltas).
+    Chat Completions and legacy Completions answers are read too, from any server: a
+    ``ChatCompletion`` (``choices[choice].logprobs.content``, and ``.refusal``), its stream
+    (chunks, or the SDK's sync ``Stream``), a ``Completion`` (``logprobs.tokens`` /
+    ``token_logprobs`` / ``top_logprobs``) or its stream; ``choice`` picks one of ``n > 1``
+    choices (None: every choice, each keyed by a ``response_id`` ending in ``#index``). They
+    give the rows a Responses answer with the same tokens gives (the message's text at
+    ``output_index`` 0, after a reasoning item when the server streamed one; ``item_id`` is
+    NA: these APIs have no item ids). A Completion made with ``echo=True``
+    starts with its prompt's tokens, ``given`` True, the first with a NaN logprob (nothing
+    predicts it); vLLM's ``prompt_logprobs`` add their ranks.
     Columns and dtypes are :data:`LOGPROBS_COLUMNS`; the index is a RangeIndex, rows are
     keyed by ``(response_id, output_index, content_index, position)``.
 
@@ -248,7 +275,7 @@ def logprobs_frame(obj: Any, *, lookup: ResponseLookup | None = None) -> pd.Data
     low logprob; the tokens the mask removed still appear among the alternatives).
     """
     with gc_paused():
-        data = _gather(obj, lookup)
+        data = _gather(obj, lookup, choice)
         _warn_if_empty(len(data.tokens))
         frame = pd.DataFrame(_token_columns(data), copy=False)
     fmt = getattr(getattr(getattr(obj, "text", None), "format", None), "type", None)
@@ -269,7 +296,6 @@ def _token_columns(data: _Tokens) -> dict[str, Any]:
     exact = ~np.isnan(data.ranks)
     ranks = np.where(exact, data.ranks, stats["rank"])
     part_columns = _part_columns(data, data.counts)
-    given = part_columns.pop("given")
     columns = {
         **part_columns,
         "position": _positions(data.counts),
@@ -286,7 +312,7 @@ def _token_columns(data: _Tokens) -> dict[str, Any]:
         "topk_entropy": stats["topk_entropy"],
         "topk_mass": stats["topk_mass"],
         "entropy": data.entropies,
-        "given": given,
+        "given": data.given,
     }
     return {name: columns[name] for name in LOGPROBS_COLUMNS}
 
@@ -300,7 +326,7 @@ def _top_frame(data: _Tokens, top: TopK) -> pd.DataFrame:
     rows, cols = top.rows, top.cols
     logprobs = top.matrix[rows, cols]
     columns = {
-        **{k: v for k, v in _part_columns(data, alternatives_per_part).items() if k != "given"},
+        **_part_columns(data, alternatives_per_part),
         "position": np.repeat(_positions(data.counts), per_token),
         "rank": top.rank[rows, cols].astype(np.int16),
         "token": categorical(flat_tokens(top)),
@@ -311,7 +337,9 @@ def _top_frame(data: _Tokens, top: TopK) -> pd.DataFrame:
     return pd.DataFrame(columns, copy=False)
 
 
-def top_logprobs_frame(obj: Any, *, lookup: ResponseLookup | None = None) -> pd.DataFrame:
+def top_logprobs_frame(
+    obj: Any, *, lookup: ResponseLookup | None = None, choice: int | None = 0
+) -> pd.DataFrame:
     """Long form of the alternatives: one row per (token position, returned alternative).
 
     Same inputs as :func:`logprobs_frame`, ``lookup=`` too. Columns and dtypes are
@@ -320,6 +348,6 @@ def top_logprobs_frame(obj: Any, *, lookup: ResponseLookup | None = None) -> pd.
     ``(response_id, output_index, content_index, position)``. RangeIndex.
     """
     with gc_paused():
-        data = _gather(obj, lookup)
+        data = _gather(obj, lookup, choice)
         _warn_if_empty(len(data.tokens))
         return _top_frame(data, top_matrix(data.tops, data.tokens, data.logprobs))

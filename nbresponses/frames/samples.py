@@ -91,7 +91,8 @@ def samples_frame(
     lookup: ResponseLookup | None = None,
 ) -> pd.DataFrame:
     """Count the completions of one prompt (``Engine.sample``, or any Responses, or their
-    stored ids read through ``lookup=`` as for :func:`logprobs_frame`): one row per distinct
+    stored ids read through ``lookup=`` as for :func:`logprobs_frame`, or the ``n`` choices of
+    a Chat Completions or Completions answer, each a completion): one row per distinct
     answer, most frequent first. Columns and dtypes are :data:`SAMPLES_COLUMNS`.
 
     ``answer`` is the completion's text, or ``normalize(text)`` when a function is given (e.g.
@@ -113,7 +114,7 @@ def samples_frame(
     without logprobs).
     """
     completions = []
-    for entry in collect(obj, lookup=lookup):
+    for entry in collect(obj, lookup=lookup, choice=None):  # every choice of an n > 1 answer
         response = (
             entry.response if isinstance(entry, CollectedResponse) else stream_response(entry)
         )

@@ -102,7 +102,11 @@ def _timestamps(seconds: list[float]) -> pd.DatetimeIndex:
 
 
 def usage_frame(
-    objs: Any, *, times: Iterable[float] | None = None, lookup: ResponseLookup | None = None
+    objs: Any,
+    *,
+    times: Iterable[float] | None = None,
+    lookup: ResponseLookup | None = None,
+    choice: int | None = 0,
 ) -> pd.DataFrame:
     """Token usage per response, plus latency for streams; RangeIndex, one row per response.
 
@@ -119,9 +123,18 @@ def usage_frame(
     ``temperature`` and ``top_p`` are the response's own; ``seed`` is the sampler's seed of a
     response that was given one (nbresponses and vLLM take ``extra_body={"seed": ...}``;
     nbresponses keeps it on the Response), NA otherwise.
+
+    Chat Completions and legacy Completions answers and streams are read as for
+    :func:`logprobs_frame` (``choice`` picks one of ``n > 1``): their ``CompletionUsage`` fills
+    the same columns (``prompt_tokens`` -> ``input_tokens``, ``prompt_tokens_details.
+    cached_tokens`` -> ``cached_tokens``, ``completion_tokens`` -> ``output_tokens``,
+    ``completion_tokens_details.reasoning_tokens`` -> ``reasoning_tokens``; NA where the server
+    sent no detail), ``status`` comes from the choice's ``finish_reason`` (``length``:
+    incomplete) and ``completed_at`` is NaT (these APIs give only ``created``). The usage of an
+    ``n > 1`` answer counts every choice, as the server reports it.
     """
     rows = []
-    for entry in collect(objs, None if times is None else list(times), lookup):
+    for entry in collect(objs, None if times is None else list(times), lookup, choice):
         if isinstance(entry, CollectedResponse):
             rows.append(_row(entry.response, None))
         else:

@@ -64,8 +64,11 @@ Boundary = str | re.Pattern[str]
 Segmentation = Sequence[str] | Sequence[Sequence[str]] | None
 
 
-def _token_frame(obj: Any, lookup: ResponseLookup | None) -> pd.DataFrame:
-    frame = obj if isinstance(obj, pd.DataFrame) else logprobs_frame(obj, lookup=lookup)
+def _token_frame(obj: Any, lookup: ResponseLookup | None, choice: int | None = 0) -> pd.DataFrame:
+    if isinstance(obj, pd.DataFrame):
+        frame = obj
+    else:
+        frame = logprobs_frame(obj, lookup=lookup, choice=choice)
     missing = {"logprob", "text", "char_offset", "position", *_PART} - set(frame.columns)
     if missing:
         raise ValueError(f"not a logprobs frame: it lacks {sorted(missing)}")
@@ -185,9 +188,10 @@ def _each_part(
     words: Segmentation,
     bow_correction: bool = False,
     lookup: ResponseLookup | None = None,
+    choice: int | None = 0,
 ) -> list[tuple[pd.DataFrame, pd.DataFrame, np.ndarray]]:
     """(token rows, word rows, token -> word) per part with at least one word."""
-    frame = _token_frame(obj, lookup)
+    frame = _token_frame(obj, lookup, choice)
     parts = _parts(frame)
     pattern = _pattern(boundary)
     if bow_correction and words is None and boundary != "whitespace":
@@ -225,6 +229,7 @@ def words_frame(
     words: Segmentation = None,
     bow_correction: bool = False,
     lookup: ResponseLookup | None = None,
+    choice: int | None = 0,
 ) -> pd.DataFrame:
     """One row per word of every output_text part: ``text``, char span, summed ``surprisal``
     (nats; ``surprisal_bits``), ``logprob`` (the sum), ``tokens`` and the ``first_position``
@@ -245,9 +250,10 @@ def words_frame(
     module docstring: Pimentel & Meister 2024, minicons' ``bow_correction``); ``logprob`` and
     the surprisals are then corrected and ``bow_correction`` holds the term added (0 for a word
     without tokens of its own). Needs scorings made with ``engine.score(...,
-    word_starts=True)``.
+    word_starts=True)``. ``choice``: which choice of a Chat Completions or Completions answer
+    (as for :func:`logprobs_frame`).
     """
-    parts = _each_part(obj, boundary, words, bow_correction, lookup)
+    parts = _each_part(obj, boundary, words, bow_correction, lookup, choice)
     if not parts:
         return _empty_words()
     out = pd.concat([rows for _, rows, _ in parts], ignore_index=True)
@@ -265,6 +271,7 @@ def span_surprisal(
     words: Segmentation = None,
     bow_correction: bool = False,
     lookup: ResponseLookup | None = None,
+    choice: int | None = 0,
 ) -> pd.DataFrame:
     """The surprisal of a slice of each part's text: chars ``[start, stop)`` (``unit="char"``)
     or words ``[start, stop)`` (``unit="word"``, numbered as in :func:`words_frame`).
@@ -276,7 +283,7 @@ def span_surprisal(
     word slice sums exactly its words' rows and adjacent slices never count a token twice.
     Negative indices count from the end. ``bow_correction=True`` applies the module's
     correction to the span as to one word (scorings made with ``word_starts=True``).
-    ``obj`` and ``lookup`` as for :func:`words_frame`.
+    ``obj``, ``lookup`` and ``choice`` as for :func:`words_frame`.
     """
     if unit not in ("char", "word"):
         raise ValueError("unit must be 'char' or 'word'")
@@ -284,7 +291,7 @@ def span_surprisal(
         raise ValueError("bow_correction assumes words end at whitespace: boundary='whitespace'")
     masses = word_start_masses(obj, lookup) if bow_correction else {}
     rows = []
-    for part, word_rows, owner in _each_part(obj, boundary, words, lookup=lookup):
+    for part, word_rows, owner in _each_part(obj, boundary, words, lookup=lookup, choice=choice):
         text = "".join(part["text"].astype(str))
         starts = word_rows["char_start"].to_numpy()
         ends = word_rows["char_end"].to_numpy()

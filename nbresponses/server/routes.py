@@ -26,6 +26,7 @@ from starlette.routing import BaseRoute, Route, Router
 from nbresponses.server.errors import HTTPError, from_exception
 from nbresponses.server.loops import BLOCKED, foreign, iterate_on, on_loop
 from nbresponses.server.sse import DataStreamResponse, EventStreamResponse
+from nbresponses.server.tokenizer_info import tokenizer_info
 from nbresponses.service.chat import ChatCompletionStream
 from nbresponses.service.client import AsyncResponsesClient
 from nbresponses.service.completions import CompletionStream
@@ -83,6 +84,7 @@ class ResponsesAPI:
             Route("/v1/chat/completions", guard(self.chat), methods=["POST"]),
             Route("/tokenize", guard(self.tokenize), methods=["POST"]),
             Route("/detokenize", guard(self.detokenize), methods=["POST"]),
+            Route("/tokenizer_info", guard(self.tokenizer_info), methods=["GET"]),
             Route("/v1/responses/{response_id}", guard(self.retrieve), methods=["GET"]),
             Route("/v1/responses/{response_id}", guard(self.delete), methods=["DELETE"]),
             Route("/v1/responses/{response_id}/cancel", guard(self.cancel), methods=["POST"]),
@@ -338,6 +340,12 @@ class ResponsesAPI:
         ):
             raise HTTPError(400, "'tokens' must be a list of token ids.", param="tokens")
         return JSONResponse({"prompt": self.client.family.decode(tokens)})
+
+    async def tokenizer_info(self, request: Request) -> Response:
+        """``GET /tokenizer_info`` as vLLM serves it (``server/tokenizer_info.py``)."""
+        if self.client.tokenizer is None:
+            raise HTTPError(404, "This server's model has no tokenizer to describe.")
+        return JSONResponse(tokenizer_info(self.client.tokenizer, self.client.model))
 
     def _check_model(self, body: dict[str, Any]) -> None:
         name = body.get("model")

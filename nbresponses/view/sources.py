@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from nbresponses.traffic.chat import CHAT, TEXT, EventReader, is_error_body, shape_of
+
 SourceKind = Literal["response", "events", "async", "async_manager", "sync"]
 Hook = Callable[[], Any]
 
@@ -24,10 +26,15 @@ def classify(source: Any) -> SourceKind:
     """Which of the accepted source shapes ``source`` is."""
     if isinstance(source, BaseModel) and getattr(source, "object", None) == "response":
         return "response"
+    if shape_of(source) in (CHAT, TEXT) or is_error_body(source):
+        return "response"  # a ChatCompletion, a Completion or an error body (``traffic.chat``)
     if isinstance(source, dict):
         if source.get("object") == "response" or ("output" in source and "type" not in source):
             return "response"
-        raise TypeError("a dict source must be a Response (with 'object': 'response')")
+        raise TypeError(
+            "a dict source must be a Response (with 'object': 'response'), a ChatCompletion, "
+            "a Completion or an error body"
+        )
     if isinstance(source, (list, tuple)):
         return "events"
     if hasattr(source, "__aiter__"):
@@ -37,8 +44,9 @@ def classify(source: Any) -> SourceKind:
     if isinstance(source, Iterable) and not isinstance(source, (str, bytes)):
         return "sync"
     raise TypeError(
-        "show() takes a Response, a list of events, or a sync/async iterator of "
-        f"ResponseStreamEvent; got {type(source).__name__}"
+        "show() takes a Response, ChatCompletion or Completion, a list of events or chunks, "
+        "or a sync/async iterator of ResponseStreamEvent or ChatCompletionChunk; "
+        f"got {type(source).__name__}"
     )
 
 
@@ -141,6 +149,18 @@ async def events_from_manager(manager: Any) -> AsyncIterator[Any]:
     async with manager as stream:
         async for event in stream:
             yield event
+
+
+async def read_chunks(events: AsyncIterator[Any], choice: int = 0) -> AsyncIterator[Any]:
+    """The source's items as Responses events: Chat Completions and Completions chunks are
+    read into them (``traffic.chat``), Responses events pass. The last stream's terminal
+    events come only when the source ends by itself (not when it raises or is cancelled)."""
+    reader = EventReader(choice)
+    async for item in events:
+        for event in reader.feed(item):
+            yield event
+    for event in reader.end():
+        yield event
 
 
 def as_async(source: Any, kind: SourceKind, closer: Hook | None) -> AsyncIterator[Any]:

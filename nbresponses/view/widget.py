@@ -19,13 +19,20 @@ import anywidget
 import traitlets
 from openai.types.responses import Response
 
+from nbresponses.traffic.chat import (
+    as_events,
+    as_response,
+    error_response,
+    is_error_body,
+    shape_of,
+)
 from nbresponses.traffic.recording import keep_shown, origin_of
 
 from ._plain import plain
 from .fold import Folder, empty_state
 from .patches import PatchBuffer
 from .response import to_response
-from .sources import Hook, as_async, call_hook, cancel_hooks, classify
+from .sources import Hook, as_async, call_hook, cancel_hooks, classify, read_chunks
 from .static_html import render_html
 from .summary import status_label, usage_line
 
@@ -46,9 +53,12 @@ class ResponseView(anywidget.AnyWidget):
         cancel: Hook | None = None,
         flush_interval: float = 0.05,
         record: bool = False,
+        choice: int = 0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if not isinstance(choice, int) or isinstance(choice, bool) or choice < 0:
+            raise ValueError(f"choice= takes a choice index (0, 1, ...), not {choice!r}")
         self._record = record  # keep the finished response in the history (``keep_shown``)
         self._origin = origin_of(source) if record else None
         kind = self._kind = classify(source)
@@ -72,14 +82,19 @@ class ResponseView(anywidget.AnyWidget):
         self.on_msg(self._on_front_end)
 
         if kind == "response":
+            if shape_of(source):
+                source = as_response(source, choice)
+            elif is_error_body(source):
+                source = error_response(source)
             self._folder.load_response(source)
             self._finish(measured=False)
         elif kind == "events":
-            for event in source:
+            for event in as_events(source, choice):
                 self._folder.apply(event)
             self._finish(interrupted=self._folder.terminal is None, measured=False)
         else:
-            self._start(as_async(source, kind, self._closer if kind == "sync" else None))
+            events = as_async(source, kind, self._closer if kind == "sync" else None)
+            self._start(read_chunks(events, choice))
 
     # ------------------------------------------------------------------ public API
 
@@ -322,16 +337,22 @@ def _execution_count() -> int | None:
     return getattr(shell, "execution_count", None) if shell is not None else None
 
 
-def show(source: Any, *, cancel: Hook | None = None, record: bool = False) -> ResponseView:
+def show(
+    source: Any, *, cancel: Hook | None = None, record: bool = False, choice: int = 0
+) -> ResponseView:
     """Display a live view of a Responses stream or Response and return it.
 
     ``source``: an async or sync iterator of ``ResponseStreamEvent`` (ours or the openai SDK's
     ``AsyncStream``/``Stream``), a finished ``Response`` or a list of events (models or dicts).
+    Chat Completions and legacy Completions are shown the same way, from any server: a stream
+    of ``ChatCompletionChunk`` (text, tool-call deltas, ``reasoning_content``/``reasoning``,
+    the logprob heat map, the usage of the final chunk), a ``ChatCompletion``, a
+    ``Completion`` or its stream; ``choice`` picks one of ``n > 1`` choices.
     ``cancel``: called (and awaited if it is a coroutine function) by the view's cancel button.
     ``record``: keep the finished response in the history (``nbr.record``) with the host it
     was streamed from: for remote streams (this engine's own are kept already).
     """
-    view = ResponseView(source, cancel=cancel, record=record)
+    view = ResponseView(source, cancel=cancel, record=record, choice=choice)
     view.display()
     view._shown_in = _execution_count()
     return view

@@ -1,4 +1,4 @@
-"""Load the recorded OpenAI Responses traffic in ``shared/fixtures/recorded`` as plain dicts.
+"""Load the recorded OpenAI Responses traffic in ``tests/fixtures/recorded`` as plain dicts.
 
 Consumers (frames, view, protocol tests) want the same thing from these files: the events of
 each stream and each non-streamed Response body, as JSON dicts, whatever the recording format.
@@ -9,7 +9,8 @@ each stream and each non-streamed Response body, as JSON dicts, whatever the rec
 ``name`` is the file name; a cassette with several interactions yields ``name#0``, ``name#1``…
 A ``.chunks.txt`` file is one list even when it concatenates several streams (one does:
 ``sequence_number`` restarts at 0 inside it). The folder is ``$NBRESPONSES_FIXTURES`` when set,
-else ``shared/fixtures/recorded`` in or next to the repository.
+else ``tests/fixtures/recorded`` in the checkout (copies with their licence notices, so a clone
+holds everything its tests read).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from helpers.paths import ROOT
+from helpers.paths import FIXTURES
 
 __all__ = [
     "find_recorded",
@@ -53,15 +54,10 @@ _Loader.add_implicit_resolver(
 def fixtures_dir() -> Path:
     """The folder holding the recorded files."""
     env = os.environ.get("NBRESPONSES_FIXTURES")
-    candidates = [Path(env)] if env else []
-    candidates += [
-        ROOT / "shared" / "fixtures" / "recorded",
-        ROOT.parent / "shared" / "fixtures" / "recorded",
-    ]
-    for path in candidates:
-        if path.is_dir():
-            return path
-    raise FileNotFoundError(f"recorded fixtures not found in any of {candidates}")
+    path = Path(env) if env else FIXTURES / "recorded"
+    if not path.is_dir():
+        raise FileNotFoundError(f"recorded fixtures not found at {path}")
+    return path
 
 
 def parse_sse(text: str) -> list[dict[str, Any]]:

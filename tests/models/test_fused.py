@@ -189,6 +189,7 @@ def test_every_step_shape_gives_the_same_bits(tiny_fused, tiny_source, tokenizer
     np.testing.assert_allclose(step[0], whole[11], rtol=0, atol=1e-3 * np.abs(whole).max())
 
 
+@pytest.mark.slow
 async def test_engine_greedy_matches_pytorch_batched_and_alone(tiny_fused, tiny_source, tokenizer):
     from transformers import AutoModelForCausalLM
 
@@ -295,6 +296,7 @@ def test_explicit_fused_recipe_on_unsupported_model_fails_cleanly(gelu_source, t
     assert not list((tmp_path / "tmp").iterdir())
 
 
+@pytest.mark.slow
 def test_auto_falls_back_to_optimum_recipes(gelu_source, tmp_path, monkeypatch) -> None:
     from nbresponses.models import prepare
 
@@ -303,6 +305,7 @@ def test_auto_falls_back_to_optimum_recipes(gelu_source, tmp_path, monkeypatch) 
     assert prepared.recipe == "fp32"
 
 
+@pytest.mark.slow
 def test_analysis_is_fp32_weights_in_the_fastest_graph(gelu_source, tiny_source, cache_dir):
     """One argument for logprobs close to fp32: the fused fp32 graph, or the Optimum fp32
     export for a model the fused builder does not cover."""

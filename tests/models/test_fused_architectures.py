@@ -103,6 +103,7 @@ def test_the_prompts_run_past_the_sliding_window(prompts) -> None:
     assert min(len(p) for p in prompts) > 3 * SLIDING_WINDOW
 
 
+@pytest.mark.slow
 def test_fp32_graph_equals_pytorch_prefill_and_decode(arch, prompts) -> None:
     """Prefill logits, then a greedy decode loop fed its own past: PyTorch's logits at every
     position within 1e-4 of their scale, and PyTorch's greedy tokens (four prompts of 31 to
@@ -215,6 +216,7 @@ def _integer_graph(model, tokenizer):
     )
 
 
+@pytest.mark.slow
 def test_smoothing_keeps_the_function(arch, prompts, tokenizer) -> None:
     """Smoothing folded into the fp32 graph (norms' weights divided, the next weights' rows
     multiplied) changes the weights but not the model: PyTorch's logits within fp32 rounding."""
@@ -236,7 +238,7 @@ def test_smoothing_keeps_the_function(arch, prompts, tokenizer) -> None:
     assert np.abs(logits - reference).max() <= RELATIVE * np.abs(reference).max(), name
 
 
-@pytest.mark.parametrize("recipe", ["fused-q8", "fused-int8"])
+@pytest.mark.parametrize("recipe", ["fused-q8", pytest.param("fused-int8", marks=pytest.mark.slow)])
 async def test_in_the_engine_batched_equals_alone(
     arch, prompts, tokenizer, tmp_path, recipe
 ) -> None:
@@ -293,6 +295,7 @@ async def test_engine_context_stops_where_the_rotary_tables_do(tokenizer, tmp_pa
         assert engine.context_length == model.config.original_max_position_embeddings
 
 
+@pytest.mark.slow
 def test_a_family_through_the_fused_recipe(tokenizer_dir, tmp_path, monkeypatch) -> None:
     """Gemma 3 end to end: Optimum exports it, the recipe builds the fused graph from the saved
     folder, and it agrees with the export on every scored token (one fidelity sample: fast)."""

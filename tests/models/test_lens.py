@@ -82,6 +82,7 @@ def _check_lens(result, reference: np.ndarray, ids: list[int]) -> dict[str, tupl
     }
 
 
+@pytest.mark.slow
 def test_the_lens_equals_pytorch(tiny_fused, tiny_source, tokenizer):
     """The tiny Llama through ``prepare_model``'s own ``fused-fp32`` recipe."""
     from transformers import AutoModelForCausalLM
@@ -95,6 +96,7 @@ def test_the_lens_equals_pytorch(tiny_fused, tiny_source, tokenizer):
     _check_lens(result, reference, ids)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(ARCHITECTURES))
 def test_every_architecture_equals_pytorch(name, tokenizer, tmp_path):
     """Each tiny architecture's ``fused-fp32`` graph (Gemma 3: (1 + w) norms, scaled

@@ -105,6 +105,7 @@ def test_fidelity_maths_by_hand() -> None:
     assert np.allclose(np.exp(log_softmax(np.array([1.0, 2.0, 3.0]))).sum(), 1.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
 def test_every_recipe_prepares_runs_and_is_measured(recipe: str, tiny_source: Path, cache_dir):
     import onnxruntime as ort
@@ -130,6 +131,7 @@ def test_every_recipe_prepares_runs_and_is_measured(recipe: str, tiny_source: Pa
     assert prepared.load_tokenizer().eos_token == "<|im_end|>"
 
 
+@pytest.mark.slow
 def test_fused_recipes_are_built_from_the_source_without_an_export(
     tiny_source: Path, tmp_path: Path
 ) -> None:
@@ -191,6 +193,7 @@ def test_q8_quantizes_the_untied_head_and_q8_fp32_head_keeps_it(tiny_source, cac
     assert "MatMulNBits" in ops, "the body's matmuls are quantized in both"
 
 
+@pytest.mark.slow
 def test_preparing_does_not_change_the_users_logging(tiny_source: Path, tmp_path: Path) -> None:
     root = logging.getLogger()
     before = (root.level, list(root.handlers))
@@ -201,6 +204,7 @@ def test_preparing_does_not_change_the_users_logging(tiny_source: Path, tmp_path
 # --- cache ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cache_hits_and_invalidation(tiny_source: Path, tmp_path: Path, tokenizer_dir) -> None:
     from helpers.tiny_model import build_tiny_llama
 
@@ -326,6 +330,7 @@ def test_the_bundled_model_loads_without_reading_the_gguf(
     assert generator.eos_token_ids[0] == tokenizer.convert_tokens_to_ids("<|im_end|>")
 
 
+@pytest.mark.slow
 def test_a_failing_build_leaves_no_entry(tiny_source: Path, tmp_path: Path, monkeypatch) -> None:
     """A full disk (or any error) while quantizing: the error propagates, nothing is cached."""
     import errno

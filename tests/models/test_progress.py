@@ -39,6 +39,7 @@ def test_library_bars_are_off_inside_and_restored_after(capfd: pytest.CaptureFix
     assert "GGUF bar" in capfd.readouterr().err  # restored
 
 
+@pytest.mark.slow
 def test_first_prepare_shows_one_stage_bar(
     tiny_source: Path, tmp_path: Path, capfd: pytest.CaptureFixture
 ) -> None:
@@ -54,6 +55,7 @@ def test_first_prepare_shows_one_stage_bar(
     assert out + err == ""
 
 
+@pytest.mark.slow
 def test_prepare_without_progress_prints_nothing(
     tiny_source: Path, tmp_path: Path, capfd: pytest.CaptureFixture
 ) -> None:
@@ -63,6 +65,7 @@ def test_prepare_without_progress_prints_nothing(
     assert set(prepared.manifest["timings"]) == {"load", "export", "quantize", "evaluate"}
 
 
+@pytest.mark.slow
 async def test_engine_load_without_progress_prints_nothing(
     tiny_source: Path, tmp_path: Path, capfd: pytest.CaptureFixture
 ) -> None:

@@ -30,6 +30,7 @@ def short_prefill_runs(monkeypatch):
     monkeypatch.setattr(scheduler, "IDLE_CHUNK", 6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
 @pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
 async def test_matrix_on_the_tiny_model(recipe, params, tiny_source, cache_dir, tokenizer, request):

@@ -50,6 +50,7 @@ async def test_is_a_token_source(generator):
     assert list(generator.eos_token_ids) == [generator.tokenizer.eos_token_id]
 
 
+@pytest.mark.slow
 async def test_greedy_and_logprobs_match_pytorch(generator, torch_tiny, prompts, references):
     params = SamplingParams(max_tokens=24, temperature=0, logprobs=True, top_logprobs=5)
     for prompt, expected in zip(prompts, references, strict=True):
@@ -118,6 +119,7 @@ async def test_seeded_sampling_is_reproducible(generator, prompts):
     assert tokens(other_seed) != tokens(alone) or unseeded[0] != unseeded[1]
 
 
+@pytest.mark.slow
 async def test_cancel_half_of_32_concurrent(generator, prompts, references):
     params = SamplingParams(max_tokens=24, temperature=0)
     streams = [generator.generate(prompts[i % len(prompts)], params) for i in range(32)]
@@ -321,6 +323,7 @@ async def test_a_round_prefills_short_prompts_first(tiny_model, tokenizer, promp
     assert stats[1].first_token_time < stats[0].first_token_time
 
 
+@pytest.mark.slow
 async def test_max_batch_size(tiny_model, tokenizer, prompts, references):
     async with TokenGenerator(tiny_model, tokenizer=tokenizer, max_batch_size=3) as eng:
         peak = 0

@@ -41,6 +41,7 @@ await engine.aclose()
 """
 
 
+@pytest.mark.slow
 def test_cell_runs_while_a_request_generates(tiny_model):
     nb = nbformat.v4.new_notebook()
     nb.cells = [

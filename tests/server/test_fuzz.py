@@ -143,6 +143,7 @@ SETTINGS = settings(
 )
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(body=BODY)
 def test_generated_bodies_never_give_a_server_error(server: Any, body: dict[str, Any]) -> None:
@@ -154,6 +155,7 @@ def test_generated_bodies_never_give_a_server_error(server: Any, body: dict[str,
         check(response)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(raw=RAW)
 def test_raw_bytes_and_deep_nesting_never_give_a_server_error(server: Any, raw: bytes) -> None:
@@ -178,6 +180,7 @@ QUERY = st.dictionaries(
 )
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(query=QUERY, known=st.booleans(), route=st.sampled_from(["", "/input_items", "/cancel"]))
 def test_generated_queries_never_give_a_server_error(

@@ -342,6 +342,7 @@ def _mount_tmpfs(path, size):
     return done.returncode == 0
 
 
+@pytest.mark.slow
 async def test_a_really_full_disk(tokenizer, tmp_path, clients):
     """ENOSPC from the file system itself (a 512 KiB tmpfs), not only SQLite's page limit."""
     disk = tmp_path / "disk"
@@ -424,6 +425,7 @@ def test_rows_hold_the_provenance(tokenizer, db_path, clients):
     assert "wall_s" in json.loads(engine)["timings"]
 
 
+@pytest.mark.slow
 async def test_frames_read_ids_and_history_frames(tokenizer, db_path, clients, monkeypatch):
     import pandas as pd
 

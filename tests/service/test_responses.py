@@ -214,6 +214,7 @@ async def test_store_false_and_bounds(tokenizer):
         await small.responses.retrieve(last.id)
 
 
+@pytest.mark.slow
 async def test_store_counts_what_a_chain_holds(tokenizer):
     """A chain's records share their items: each is counted once, and what the store counts is
     what tracemalloc sees held (it once counted a 25-turn chain at 1/44 of that)."""

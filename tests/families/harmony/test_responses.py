@@ -14,6 +14,7 @@ from datetime import date
 import openai
 import pytest
 from helpers.responses import WEATHER, check_stream, dumps, fold, strip_ids
+from helpers.sandbox import needs_bwrap
 from openai.types.responses import Response
 from openai_harmony import (
     Author,
@@ -246,6 +247,7 @@ async def test_streamed_equals_plain_and_effort_reaches_the_system_message(
 # -- the python tool ------------------------------------------------------------------------------
 
 
+@needs_bwrap  # runs the python tool: its sandbox needs bubblewrap
 async def test_python_runs_in_one_sandbox_per_response(enc: HarmonyEncoding) -> None:
     s1 = generated(enc, analysis("Compute it."), py_call("x = 6 * 7"))
     s2 = generated(enc, py_call("print(x)"))
@@ -298,6 +300,7 @@ async def test_python_runs_in_one_sandbox_per_response(enc: HarmonyEncoding) -> 
     )
 
 
+@needs_bwrap  # runs the python tool: its sandbox needs bubblewrap
 async def test_python_outputs_hidden_unless_included_yet_replayed(enc: HarmonyEncoding) -> None:
     s1 = generated(enc, py_call("print('secret' * 2)"))
     s2 = generated(enc, fn_call("get_weather", '{"city":"Bern"}'))
@@ -315,6 +318,7 @@ async def test_python_outputs_hidden_unless_included_yet_replayed(enc: HarmonyEn
     assert "<|message|>secretsecret\n<|end|>" in enc.decode(source.prompts[-1])
 
 
+@needs_bwrap  # runs the python tool: its sandbox needs bubblewrap
 async def test_built_in_calls_are_bounded(enc: HarmonyEncoding) -> None:
     again = generated(enc, py_call("print(1)"))
     client, source = make_client(enc, again, again, again)
@@ -323,6 +327,7 @@ async def test_built_in_calls_are_bounded(enc: HarmonyEncoding) -> None:
     assert len(source.prompts) == 2  # the second call did not run; no third round
 
 
+@needs_bwrap  # runs the python tool: its sandbox needs bubblewrap
 async def test_cancel_while_python_runs(enc: HarmonyEncoding) -> None:
     client, _ = make_client(enc, generated(enc, py_call("import time; time.sleep(60)")))
     queued = await client.responses.create(input="wait", tools=[PYTHON], background=True)
@@ -512,6 +517,7 @@ def noisy_generation(rng, first: bool = True) -> str:
     return "".join(out)
 
 
+@needs_bwrap  # runs the python tool: its sandbox needs bubblewrap
 @pytest.mark.parametrize("seed", range(40))
 async def test_any_token_sequence_gives_a_well_formed_response(
     enc: HarmonyEncoding, seed: int
@@ -739,6 +745,7 @@ async def test_a_call_cut_off_is_incomplete(enc: HarmonyEncoding) -> None:
     assert call.type == "function_call" and call.status == "incomplete"
 
 
+@needs_bwrap  # runs the python tool: its sandbox needs bubblewrap
 async def test_built_in_calls_stay_free_beside_function_tools(enc: HarmonyEncoding) -> None:
     s1 = generated(enc, analysis("Compute."), py_call("print(6 * 7)"))
     s2 = generated(enc, final('{"name":"x","size":"big"}'))
