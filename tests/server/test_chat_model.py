@@ -151,3 +151,29 @@ async def test_prompt_logprobs_are_the_completions_apis_for_the_rendered_prompt(
     scored = chat.model_extra["prompt_logprobs"]
     assert len(scored) == len(ids) == chat.usage.prompt_tokens and scored[0] is None
     assert scored == completion.choices[0].model_extra["prompt_logprobs"]
+
+
+async def test_the_frames_give_the_same_rows_for_chat_and_responses(engine):
+    """``nbr.logprobs_frame`` of one answer, whichever API produced it, streamed or not."""
+    import nbresponses as nbr
+
+    sdk = engine.openai()
+    messages = [{"role": "user", "content": QUESTION}]
+    response = await sdk.responses.create(
+        model=engine.model, input=QUESTION, temperature=0, max_output_tokens=20,
+        include=[LOGPROBS_INCLUDE], top_logprobs=3,
+    )  # fmt: skip
+    chat = await sdk.chat.completions.create(
+        model=engine.model, messages=messages, temperature=0, max_tokens=20, logprobs=True,
+        top_logprobs=3,
+    )  # fmt: skip
+    stream = await sdk.chat.completions.create(
+        model=engine.model, messages=messages, temperature=0, max_tokens=20, logprobs=True,
+        top_logprobs=3, stream=True, stream_options={"include_usage": True},
+    )  # fmt: skip
+    chunks = [chunk async for chunk in stream]
+    columns = ["token", "logprob"]
+    want = nbr.logprobs_frame(response)[columns].reset_index(drop=True)
+    assert len(want) == response.usage.output_tokens - (response.status == "completed")
+    for frame in (nbr.logprobs_frame(chat), nbr.logprobs_frame(chunks)):
+        assert frame[columns].reset_index(drop=True).equals(want)
