@@ -27,6 +27,7 @@ from nbresponses.server.errors import HTTPError, from_exception
 from nbresponses.server.loops import BLOCKED, foreign, iterate_on, on_loop
 from nbresponses.server.sse import DataStreamResponse, EventStreamResponse
 from nbresponses.server.tokenizer_info import tokenizer_info
+from nbresponses.service.chat import ChatCompletionStream
 from nbresponses.service.client import AsyncResponsesClient
 from nbresponses.service.completions import CompletionStream
 from nbresponses.service.stream import ResponseEventStream
@@ -65,7 +66,7 @@ class ResponsesAPI:
         self.max_body_bytes = max_body_bytes
         self.created = int(time.time())
         self.closing = False
-        self._streams: set[ResponseEventStream | CompletionStream] = set()
+        self._streams: set[ResponseEventStream | CompletionStream | ChatCompletionStream] = set()
         self._work: set[asyncio.Task[Any]] = set()
         self._background: set[str] = set()
 
@@ -80,6 +81,7 @@ class ResponsesAPI:
             Route("/v1/models/{model:path}", guard(self.model), methods=["GET"]),
             Route("/v1/responses", guard(self.create), methods=["POST"]),
             Route("/v1/completions", guard(self.complete), methods=["POST"]),
+            Route("/v1/chat/completions", guard(self.chat), methods=["POST"]),
             Route("/tokenize", guard(self.tokenize), methods=["POST"]),
             Route("/detokenize", guard(self.detokenize), methods=["POST"]),
             Route("/tokenizer_info", guard(self.tokenizer_info), methods=["GET"]),
@@ -264,6 +266,23 @@ class ResponsesAPI:
         if body.get("stream") is True:
             stream = await completions.create(**body)
             assert isinstance(stream, CompletionStream)
+            self._streams.add(stream)
+
+            async def close() -> None:
+                self._streams.discard(stream)
+                await stream.close()
+
+            return DataStreamResponse(stream, close)
+        result = await self._until_done_or_gone(request, completions.create(**body))
+        return result if isinstance(result, Response) else json_model(result)
+
+    async def chat(self, request: Request) -> Answer:
+        """``POST /v1/chat/completions``: Chat Completions (``service/chat.py``)."""
+        body = await self._json_body(request)
+        completions = self.client.chat.completions
+        if body.get("stream") is True:
+            stream = await completions.create(**body)
+            assert isinstance(stream, ChatCompletionStream)
             self._streams.add(stream)
 
             async def close() -> None:

@@ -151,7 +151,8 @@ class DataStreamResponse(SSEResponse):
     @staticmethod
     async def _encoded(chunks: AsyncIterator[BaseModel]) -> AsyncIterator[bytes]:
         async for chunk in chunks:
-            data = chunk.model_dump_json(warnings=False, by_alias=True)
+            # unset fields left out: a later tool-call delta has no id, type or name (OpenAI's)
+            data = chunk.model_dump_json(warnings=False, by_alias=True, exclude_unset=True)
             yield b"data: " + data.encode() + b"\n\n"
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import openai
@@ -18,12 +18,15 @@ from openai.types.responses import Response, ResponseItemList
 from openai.types.responses.response_text_config import ResponseTextConfig
 from openai.types.shared.response_format_text import ResponseFormatText
 
-from nbresponses.families.base import Family, RenderedPrompt
+from nbresponses.families.base import Family, OutputReader, RenderedPrompt
 from nbresponses.families.registry import FamilyName, select_family
 from nbresponses.protocol.errors import bad_request, response_not_found, unsupported
+from nbresponses.protocol.events import EventBuilder
+from nbresponses.protocol.generation import Sampling
 from nbresponses.protocol.ids import new_id
 from nbresponses.protocol.items import check_call_outputs
 from nbresponses.protocol.request import CreateRequest, given, parse_create, sampling_of
+from nbresponses.service.chat import AsyncChat
 from nbresponses.service.completions import AsyncCompletions
 from nbresponses.service.database import RUNNING, StorePath, open_database
 from nbresponses.service.record import Record
@@ -31,6 +34,10 @@ from nbresponses.service.run import Generation, ResponseRun
 from nbresponses.service.store import STORE_DEFAULTS, ResponseStore
 from nbresponses.service.stream import ResponseEventStream
 from nbresponses.tokens.contract import SamplingParams, Tokenizer, TokenSource
+
+# The output-reader factory for a rendered prompt, in place of ``RenderedPrompt.output_reader``.
+ReaderFactory = Callable[[EventBuilder], OutputReader]
+ReaderWrap = Callable[[RenderedPrompt], ReaderFactory]
 
 
 class AsyncResponsesClient:
@@ -79,6 +86,8 @@ class AsyncResponsesClient:
         self.responses = AsyncResponses(self)
         # The legacy Completions API on the same engine (prompt logprobs for scoring tools).
         self.completions = AsyncCompletions(source, self.family, model=model)
+        # Chat Completions: an adapter over ``responses`` (service/chat.py).
+        self.chat = AsyncChat(self.responses, self.completions)
 
     def stats(self) -> dict[str, Any]:
         """The store's fill and the token source's figures (the engine: rows, KV, prefix cache)."""
@@ -182,7 +191,30 @@ class AsyncResponses:
             raise
         return response.model_copy(deep=True)
 
-    def _start(self, req: CreateRequest) -> ResponseRun:
+    @property
+    def source(self) -> TokenSource:
+        """The token source the runs generate on."""
+        return self._client.source
+
+    def start(
+        self,
+        req: CreateRequest,
+        *,
+        sampling: Sampling | None = None,
+        reader: ReaderWrap | None = None,
+    ) -> ResponseRun:
+        """Start a validated request's run, as ``create`` does (the Chat Completions adapter
+        runs each choice so): ``sampling`` is the request core's sampling when the API has
+        more of it than Responses (top_k, logit_bias); ``reader`` makes the output reader
+        from the rendered prompt, wrapping the family's (to count the tokens as they come)."""
+        return self._start(req, sampling, reader)
+
+    def _start(
+        self,
+        req: CreateRequest,
+        sampling: Sampling | None = None,
+        reader: ReaderWrap | None = None,
+    ) -> ResponseRun:
         """Validate, render, run, store: from here on the run alone writes the response."""
         client = self._client
         if req.background and not client.keeps:
@@ -192,8 +224,9 @@ class AsyncResponses:
             )
         context = self._context(req)
         prompt = self._render(req, context)
-        params = self._params(req, prompt)
-        generation = Generation(client.source, prompt.ids, params, prompt.output_reader)
+        params = self._params(req, prompt, sampling)
+        output_reader = prompt.output_reader if reader is None else reader(prompt)
+        generation = Generation(client.source, prompt.ids, params, output_reader)
         stored = req.store and client.keeps
         run = ResponseRun(
             self._response(req),
@@ -250,9 +283,11 @@ class AsyncResponses:
             )
         return prompt
 
-    def _params(self, req: CreateRequest, prompt: RenderedPrompt) -> SamplingParams:
+    def _params(
+        self, req: CreateRequest, prompt: RenderedPrompt, sampling: Sampling | None = None
+    ) -> SamplingParams:
         """The sampling the request asked for, with the family's stops and constraint."""
-        return sampling_of(req).engine_params(
+        return (sampling or sampling_of(req)).engine_params(
             max_tokens=req.max_output_tokens or self._client.source.context_length,
             stop_token_ids=prompt.stop_token_ids,
             logprobs=req.logprobs,
