@@ -81,9 +81,13 @@ class SamplingParams:
     # also the whole next-token log-softmax (float32, vocabulary-sized): for analyses that
     # need every token's probability (word-start mass, full-vocabulary KL); costs a copy
     distribution: bool = False
-    # Also each token's logprob under the distribution it was drawn from (after the grammar
-    # mask, temperature, top-k, top-p): vLLM's ``logprobs_mode="processed_logprobs"``.
+    # Also each token's logprob under the distribution it was drawn from (after logit_bias,
+    # the grammar mask, temperature, top-k, top-p): vLLM's ``logprobs_mode="processed_logprobs"``.
     processed_logprobs: bool = False
+    # Token id -> a number added to its logit before every choice, greedy included (OpenAI's
+    # ``logit_bias``: -100 bans a token, +100 makes it near-certain). Reported logprobs stay
+    # the model's own; processed logprobs are those of the biased distribution drawn from.
+    logit_bias: dict[int, float] | None = field(default=None, hash=False)
     # A grammar for the output: a fresh constraint per generation (ignored with forced_tokens).
     constraint: ConstraintFactory | None = field(default=None, compare=False)
 

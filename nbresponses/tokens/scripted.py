@@ -10,7 +10,10 @@ the mask allows, else the generation ends with finish "error" naming the token (
 not a model: it cannot pick another token, so a test sees the grammar refuse it). Budget-aware
 closing (``tokens/closing.py``) applies as in the engine: once a scripted token leaves no room
 for the way to the grammar's end, the source writes that way instead of the script, and ends
-"length".
+"length". ``logit_bias`` is honoured where a script can be: the script is what was chosen
+after the bias, so a scripted token the bias bans (-100 or less, OpenAI's ban) ends the
+generation with finish "error" naming it, as a grammar's refusal does; other biases change
+nothing a script writes (its logprobs are given, not computed).
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from nbresponses.tokens.contract import (
     TokenConstraint,
     TokenIdLogprob,
 )
+
+BAN = -100.0  # a logit_bias this low bans a token (OpenAI: "-100 should result in a ban")
 
 
 @dataclass
@@ -147,6 +152,7 @@ class ScriptedStream:
         constraint = params.constraint() if params.constraint is not None else None
         closing = BudgetClosing(constraint, params.max_tokens) if constraint is not None else None
         script_tokens = list(script.token_ids)
+        banned = {t: b for t, b in (params.logit_bias or {}).items() if b <= BAN}
         try:
             i = 0
             while True:
@@ -162,6 +168,11 @@ class ScriptedStream:
                 if forced is None and (i >= len(script_tokens) or failing):
                     break
                 token = forced if forced is not None else script_tokens[i]
+                if forced is None and token in banned:
+                    finished = True
+                    error = f"logit_bias bans token {token} ({banned[token]})"
+                    yield Step((), finish_reason="error", error=error, stats=stats)
+                    return
                 if mask is not None and not _bit(mask, token):
                     finished = True
                     error = f"the grammar refuses token {token}"
