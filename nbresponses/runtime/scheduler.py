@@ -572,6 +572,9 @@ class Scheduler:
                 token = forced[len(request.generated)]
             elif request.constraint is not None:
                 drawn_from = request.constraint.masked(drawn_from)
+                if request.constraint.closing.hopeless:  # not even the shortest output fits
+                    self._finish(request, Step((), finish_reason="length", closed=True))
+                    return True
                 token = sampling.choose(drawn_from, params, request.rng)
                 token = request.constraint.admit(token)  # budget-aware closing may replace it
                 request.constraint.accept(token)

@@ -5,16 +5,16 @@ It honours the parts of the engine contract a consumer can observe: ``max_tokens
 (with exactly ``top_logprobs`` alternatives), usage counts in the final step's
 ``GenerationStats``, and cancellation (``cancel()`` ends the stream with a "cancelled" step;
 closing the iterator or cancelling the consuming task stops it at once). A grammar
-(``params.constraint``) is checked as the engine applies it: each scripted token must be one
-the mask allows, else the generation ends with finish "error" naming the token (a script is
-not a model: it cannot pick another token, so a test sees the grammar refuse it). Budget-aware
-closing (``tokens/closing.py``) applies as in the engine: once a scripted token leaves no room
-for the way to the grammar's end, the source writes that way instead of the script, and ends
-"length". ``logit_bias`` is honoured where a script can be: the script is what was chosen
+(``params.constraint``) is checked as the engine applies it: each scripted token must be one the
+mask allows, else the generation ends with finish "error" naming the token (a script is not a
+model: it cannot pick another token, so a test sees the grammar refuse it). Budget-aware closing
+(``tokens/closing.py``) applies as in the engine: once a scripted token leaves no room for the
+way to the grammar's end, the source writes that way instead of the script, and ends "length"; a
+``whole`` constraint whose shortest output does not fit the budget ends "length" before its
+first token. ``logit_bias`` is honoured where a script can be: the script is what was chosen
 after the bias, so a scripted token the bias bans (-100 or less, OpenAI's ban) ends the
 generation with finish "error" naming it, as a grammar's refusal does; other biases change
-nothing a script writes (its logprobs are given, not computed).
-"""
+nothing a script writes (its logprobs are given, not computed)."""
 
 from __future__ import annotations
 
@@ -162,6 +162,10 @@ class ScriptedStream:
                     yield Step((), finish_reason="cancelled", stats=stats)
                     return
                 mask = _mask(constraint, closing) if constraint is not None else None
+                if closing is not None and closing.hopeless:  # not even the shortest fits
+                    finished = True
+                    yield Step((), finish_reason="length", closed=True, stats=stats)
+                    return
                 # once the closing replaced the script, it writes on to the end
                 forced = closing.forcing if closing is not None and closing.closed_early else None
                 failing = script.error is not None and i >= script.error_after
