@@ -8,12 +8,12 @@ the end token, the family's closing special tokens, then single bytes that close
 (``"``, ``]``, ``}``), the shortest values (``0``, ``""``, ``[]``, ``{}``, ``null``, ``false``),
 separators, then letters and digits (so an enum, a pattern or a required key still completes).
 Right after an opener (``[`` or ``{``) its closer is tried first: an empty container, not an
-empty first item. The walk is greedy, so it is short rather than provably shortest; it gives up
-(None) after ``limit`` steps, which happens only where the grammar lets the walk wander (an
-object that allows extra keys and still misses a required one). The bytes found are then
-tokenized as the tokenizer would write them (fewer tokens than one per byte), checked against
-another copy, and the end token appended.
-"""
+empty first item. Special tokens that open a new part (harmony's ``<|channel|>``) come last. The
+walk is greedy, so it is short rather than provably shortest; it gives up (None) after ``limit``
+steps, which happens only where the grammar lets the walk wander (an object that allows extra
+keys and still misses a required one). The bytes found are then tokenized as the tokenizer would
+write them (each run of text between special tokens; fewer tokens than one per byte), checked
+against another copy, and the end token appended."""
 
 from __future__ import annotations
 
@@ -38,7 +38,11 @@ class ClosingVocab:
     """The single-byte tokens and special closers a walk may use, in order of preference."""
 
     def __init__(
-        self, tokens: Sequence[bytes], ll: llguidance.LLTokenizer, closers: Sequence[int]
+        self,
+        tokens: Sequence[bytes],
+        ll: llguidance.LLTokenizer,
+        closers: Sequence[int],
+        openers: Sequence[int] = (),
     ) -> None:
         single: dict[int, int] = {}
         for i, b in enumerate(tokens):
@@ -46,6 +50,9 @@ class ClosingVocab:
                 single[b[0]] = i
         self.eos = int(ll.eos_token)
         self.closers = [int(t) for t in closers if int(t) != self.eos]
+        # special tokens that open something (harmony's <|channel|>): tried after every byte,
+        # so a walk that may go on in text does not start another message and loop through it
+        self.openers = [int(t) for t in openers if int(t) != self.eos]
         self.bytes_first = [single[c] for c in PREFERENCE if c in single]
         self.bytes_opened = {
             opener: [single[c] for c in (bytes([closer]) + PREFERENCE) if c in single]
@@ -55,7 +62,7 @@ class ClosingVocab:
 
     def order(self, last_byte: int | None) -> list[int]:
         by_bytes = self.bytes_opened.get(last_byte, self.bytes_first) if last_byte else None
-        return [self.eos, *self.closers, *(by_bytes or self.bytes_first)]
+        return [self.eos, *self.closers, *(by_bytes or self.bytes_first), *self.openers]
 
 
 def shortest_closing(matcher: Any, vocab: ClosingVocab, limit: int) -> list[int] | None:
@@ -105,11 +112,23 @@ def _forced_tokens(forced: bytes, vocab: ClosingVocab) -> list[int]:
 
 
 def _tokenized(matcher: Any, vocab: ClosingVocab, text: bytes, walked: list[int]) -> list[int]:
-    """The walk's bytes in the tokenizer's own tokens, when the grammar takes them (with the
-    special tokens the walk used in their places, only plain text can be re-tokenized)."""
-    if not text or any(vocab.ll.is_special_token(t) for t in walked[:-1]):
+    """The walk's tokens with each run of plain text between special tokens re-tokenized as
+    the tokenizer would write it (fewer tokens than one per byte), when the grammar takes
+    them. ``text`` is the walk's plain bytes (its special tokens are not in it)."""
+    if not text:
         return walked
-    ids = [*vocab.ll.tokenize_bytes(text), vocab.eos]
+    ids: list[int] = []
+    run = bytearray()
+    for token in walked:
+        if token == vocab.eos or vocab.ll.is_special_token(token):
+            if run:
+                ids += vocab.ll.tokenize_bytes(bytes(run))
+                run.clear()
+            ids.append(token)
+        else:
+            run += vocab.ll.decode_bytes([token])
+    if run:
+        ids += vocab.ll.tokenize_bytes(bytes(run))
     if len(ids) < len(walked) and matcher.validate_tokens(ids) == len(ids):
         return ids
     return walked

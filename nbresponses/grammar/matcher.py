@@ -49,17 +49,21 @@ class GrammarError(ValueError):
 class GrammarTokenizer:
     """A tokenizer as llguidance sees it (built once per tokenizer: ~0.4 s), with each token's
     bytes (for the repetition guard) and the special tokens that may end a structure
-    (``closers``: harmony's ``<|call|>``, ``<|end|>``, ...; the end token always may)."""
+    (``closers``: harmony's ``<|call|>``, ``<|end|>``, ...; the end token always may), and
+    those a closing walk takes only when no byte will do (``openers``: harmony's
+    ``<|channel|>``)."""
 
     def __init__(
         self,
         ll: llguidance.LLTokenizer,
         tokens: Sequence[bytes] = (),
         closers: Sequence[int] = (),
+        openers: Sequence[int] = (),
     ) -> None:
         self.ll = ll
         self.tokens = list(tokens)
         self.closers = tuple(closers)
+        self.openers = tuple(openers)
 
     @classmethod
     def from_bytes(
@@ -70,6 +74,7 @@ class GrammarTokenizer:
         eos_token_id: int,
         special_token_ids: Sequence[int],
         closers: Sequence[int] = (),
+        openers: Sequence[int] = (),
     ) -> GrammarTokenizer:
         """From each id's bytes and an encoder of text. (llguidance can also read a Hugging Face
         tokenizer itself, but it misreads the bundled model's GGUF-derived decoder as not
@@ -77,7 +82,7 @@ class GrammarTokenizer:
         wrapper = llguidance.TokenizerWrapper(
             _Vocab(tokens, encode, eos_token_id, special_token_ids)
         )
-        return cls(llguidance.LLTokenizer(wrapper), tokens, closers)
+        return cls(llguidance.LLTokenizer(wrapper), tokens, closers, openers)
 
     @property
     def vocab_size(self) -> int:
@@ -109,7 +114,7 @@ class GrammarTokenizer:
 
     @cached_property
     def closing_vocab(self) -> ClosingVocab:
-        return ClosingVocab(self.tokens, self.ll, self.closers)
+        return ClosingVocab(self.tokens, self.ll, self.closers, self.openers)
 
 
 class _Vocab:
@@ -141,10 +146,20 @@ class Guard:
 class Grammar:
     """A compiled grammar: checked once, then one ``Matcher`` per generation."""
 
-    def __init__(self, tokenizer: GrammarTokenizer, grammar: str, guard: Guard = Guard()) -> None:
+    def __init__(
+        self,
+        tokenizer: GrammarTokenizer,
+        grammar: str,
+        guard: Guard = Guard(),
+        *,
+        whole: bool = False,
+    ) -> None:
         self.tokenizer = tokenizer
         self.text = grammar
         self.guard = guard
+        # an output cut short is worth nothing (a function call): budget-aware closing holds
+        # it to a way to the end at every step, or generates nothing (``tokens/closing.py``)
+        self.whole = whole
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
             grammar, tokenizer.ll
         )
@@ -159,8 +174,10 @@ class Grammar:
         return cls(tokenizer, grammar, guard)
 
     @classmethod
-    def lark(cls, tokenizer: GrammarTokenizer, text: str, guard: Guard = Guard()) -> Grammar:
-        return cls(tokenizer, llguidance.LLMatcher.grammar_from_lark(text), guard)
+    def lark(
+        cls, tokenizer: GrammarTokenizer, text: str, guard: Guard = Guard(), *, whole: bool = False
+    ) -> Grammar:
+        return cls(tokenizer, llguidance.LLMatcher.grammar_from_lark(text), guard, whole=whole)
 
     def matcher(self) -> Matcher:
         guard = None
@@ -168,7 +185,7 @@ class Grammar:
             tok = self.tokenizer
             after = self.guard.after.encode() if self.guard.after is not None else None
             guard = RepetitionGuard(tok.tokens, tok.with_comma, tok.with_quote, start=after)
-        return Matcher(self.tokenizer, self.text, guard)
+        return Matcher(self.tokenizer, self.text, guard, whole=self.whole)
 
     __call__ = matcher  # a ConstraintFactory
 
@@ -189,8 +206,14 @@ class Matcher:
     """One generation's grammar state (a ``TokenConstraint``): masks, then accepts a token."""
 
     def __init__(
-        self, tokenizer: GrammarTokenizer, grammar: str, guard: RepetitionGuard | None = None
+        self,
+        tokenizer: GrammarTokenizer,
+        grammar: str,
+        guard: RepetitionGuard | None = None,
+        *,
+        whole: bool = False,
     ) -> None:
+        self.whole = whole  # read by budget-aware closing (``tokens/closing.py``)
         self._m = llguidance.LLMatcher(tokenizer.ll, grammar, log_level=0)
         self._tokenizer = tokenizer
         self._vocab = tokenizer.vocab_size

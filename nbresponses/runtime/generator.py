@@ -273,6 +273,8 @@ class TokenGenerator:
                 f"{self._context_length}, leaving no room for an answer"
             )
         self._check_ids(prompt + params.forced_tokens)
+        if params.logit_bias:
+            self._check_ids(tuple(params.logit_bias), what="logit_bias token ids")
         if len(prompt) + len(params.forced_tokens) > self._context_length:
             raise ValueError(
                 f"the prompt and the forced tokens ({len(prompt) + len(params.forced_tokens)}) "
@@ -320,11 +322,11 @@ class TokenGenerator:
         self._scheduler.submit(request)
         return GenerationStream(self._scheduler, request, queue)
 
-    def _check_ids(self, ids: Sequence[int]) -> None:
+    def _check_ids(self, ids: Sequence[int], what: str = "token ids") -> None:
         vocab = self.runner.vocab_size
         if ids and (min(ids) < 0 or max(ids) >= vocab):
             raise ValueError(
-                f"token ids must be in the vocabulary [0, {vocab}); got {min(ids)}..{max(ids)}"
+                f"{what} must be in the vocabulary [0, {vocab}); got {min(ids)}..{max(ids)}"
             )
 
     def _channel(self) -> tuple[asyncio.Queue[Step], Callable[[Step], None]]:

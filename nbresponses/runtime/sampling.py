@@ -1,13 +1,15 @@
 """Token choice and logprobs for one request's row of logits.
 
-Logprobs are those of the model's own distribution: a float32 log-softmax over the full vocabulary
-of the raw logits, *before* temperature, top-k or top-p. This is what OpenAI reports, and it keeps
-logprobs comparable across sampling settings. Sampling draws from the tempered, filtered
-distribution with the request's own numpy Generator, so a seed gives the same tokens whether the
-request runs alone or batched (one uniform draw per token, nothing shared between rows). On
-request (``SamplingParams.processed_logprobs``, vLLM's ``logprobs_mode="processed_logprobs"``)
-each token also gets its logprob under the distribution it was drawn from, computed from the
-very support the draw used.
+Logprobs are those of the model's own distribution: a float32 log-softmax over the full
+vocabulary of the raw logits, *before* ``logit_bias``, temperature, top-k or top-p. This is what
+OpenAI reports, and it keeps logprobs comparable across sampling settings. Sampling draws from
+the tempered, filtered distribution with the request's own numpy Generator, so a seed gives the
+same tokens whether the request runs alone or batched (one uniform draw per token, nothing
+shared between rows). On request (``SamplingParams.processed_logprobs``, vLLM's
+``logprobs_mode="processed_logprobs"``) each token also gets its logprob under the distribution
+it was drawn from, computed from the very support the draw used. ``logit_bias`` (OpenAI's) is
+added to a row's own logits before its choice, greedy included (``biased``): it reshapes the
+distribution drawn from, never the reported logprobs, and no other row's.
 """
 
 from __future__ import annotations
@@ -46,6 +48,40 @@ def validate(params: SamplingParams) -> None:
         raise ValueError(
             f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {params.top_logprobs}"
         )
+    for token, bias in (params.logit_bias or {}).items():
+        if isinstance(token, bool) or not isinstance(token, int | np.integer) or token < 0:
+            raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
+        if (
+            isinstance(bias, bool)
+            or not isinstance(bias, int | float | np.integer | np.floating)
+            or not np.isfinite(bias)
+        ):
+            raise ValueError(f"logit_bias of token {token} must be a finite number, got {bias!r}")
+
+
+Bias = tuple[np.ndarray, np.ndarray]  # token ids (int64) and what to add to their logits (float32)
+
+
+def bias_of(params: SamplingParams) -> Bias | None:
+    """A request's ``logit_bias`` as arrays, once per request (None: nothing to add)."""
+    items = [(int(t), float(b)) for t, b in (params.logit_bias or {}).items() if b != 0]
+    if not items:
+        return None
+    ids, values = zip(*sorted(items), strict=True)
+    return np.asarray(ids, np.int64), np.asarray(values, np.float32)
+
+
+def biased(logits: np.ndarray, bias: Bias) -> np.ndarray:
+    """A copy of a row's logits with the bias added (float32, as vLLM adds it): what the
+    token is chosen from. The row's own logits are left as they are, for its logprobs."""
+    ids, values = bias
+    if ids[-1] >= logits.shape[-1]:
+        raise ValueError(
+            f"logit_bias names token {int(ids[-1])}, outside the vocabulary [0, {logits.shape[-1]})"
+        )
+    out = logits.astype(np.float32, copy=True)
+    out[ids] += values
+    return out
 
 
 def make_rng(params: SamplingParams) -> np.random.Generator:
@@ -119,10 +155,11 @@ def _support(
 
 
 def processes(params: SamplingParams, masked: bool = False) -> bool:
-    """Whether the distribution a token is drawn from differs from the model's own: a grammar,
-    or, when sampling, a temperature other than 1, top-k or top-p (a greedy request's is the
-    model's own distribution, as in vLLM; its argmax is the token)."""
-    if masked:
+    """Whether the distribution a token is drawn from differs from the model's own: a grammar
+    (``masked``: the logits were masked or biased), or, when sampling, a temperature other
+    than 1, top-k or top-p (a greedy request's is the model's own distribution, as in vLLM;
+    its argmax is the token)."""
+    if masked or any(b != 0 for b in (params.logit_bias or {}).values()):
         return True
     if params.temperature == 0:
         return False
@@ -131,10 +168,10 @@ def processes(params: SamplingParams, masked: bool = False) -> bool:
 
 def processed_logprob(logits: np.ndarray, token_id: int, params: SamplingParams) -> float:
     """The token's logprob under the distribution a draw picks from (vLLM's
-    ``processed_logprobs``): the logits (masked by a grammar, if any) divided by the
-    temperature, cut to top-k and the top-p nucleus, renormalised. A greedy request's is the
-    (masked) model distribution itself, as in vLLM: its argmax is the token. A token outside
-    the kept set (only a forced one can be) gets -inf."""
+    ``processed_logprobs``): the logits as the choice saw them (biased, masked by a grammar)
+    divided by the temperature, cut to top-k and the top-p nucleus, renormalised. A greedy
+    request's is that (biased, masked) distribution itself, as in vLLM: its argmax is the
+    token. A token outside the kept set (only a forced one can be) gets -inf."""
     if params.temperature == 0:
         params = dataclasses.replace(params, temperature=1.0, top_p=1.0, top_k=0)
     ids, _, logw = _support(logits, params)

@@ -24,7 +24,9 @@ Constrained rows (a grammar: ``SamplingParams.constraint``) share the batch with
 decode step first hands the constrained rows' mask computation to a helper thread, runs the
 model meanwhile, then masks each such row's logits (disallowed tokens to -inf) before choosing.
 The mask depends on the row's own tokens alone, and logprobs are computed from the unmasked
-logits, so a constrained row is as exact as a free one (``constraints.py``).
+logits, so a constrained row is as exact as a free one (``constraints.py``). A row's
+``logit_bias`` is added to a copy of its own logits before the mask and the choice
+(``sampling.biased``), so it changes no other row and no reported raw logprob.
 """
 
 from __future__ import annotations
@@ -94,12 +96,14 @@ class GenerateRequest(Request):
     params: SamplingParams
     budget_tokens: int  # prompt + the most tokens it may generate (KV reservation)
     rng: np.random.Generator = field(init=False)
+    bias: sampling.Bias | None = field(init=False, default=None)  # its logit_bias as arrays
     constraint: RowConstraint | None = field(init=False, default=None)
     generated: list[int] = field(default_factory=list)
     drafter: Drafter | None = None  # speculation's n-gram index of prompt + generated
 
     def __post_init__(self) -> None:
         self.rng = sampling.make_rng(self.params)
+        self.bias = sampling.bias_of(self.params)
         if self.params.constraint is not None and not self.params.forced_tokens:
             budget = self.budget_tokens - len(self.prompt)  # the most tokens it may generate
             self.constraint = RowConstraint(self.params.constraint(), budget)
@@ -561,16 +565,21 @@ class Scheduler:
         params = request.params
         forced = params.forced_tokens
         try:
-            drawn_from = logits  # what the token is chosen from (a grammar masks it)
+            drawn_from = logits  # what the token is chosen from (biased, a grammar masks it)
+            if request.bias is not None:
+                drawn_from = sampling.biased(logits, request.bias)
             if forced:
                 token = forced[len(request.generated)]
             elif request.constraint is not None:
-                drawn_from = request.constraint.masked(logits)
+                drawn_from = request.constraint.masked(drawn_from)
+                if request.constraint.closing.hopeless:  # not even the shortest output fits
+                    self._finish(request, Step((), finish_reason="length", closed=True))
+                    return True
                 token = sampling.choose(drawn_from, params, request.rng)
                 token = request.constraint.admit(token)  # budget-aware closing may replace it
                 request.constraint.accept(token)
             else:
-                token = sampling.choose(logits, params, request.rng)
+                token = sampling.choose(drawn_from, params, request.rng)
             logprob: tuple[TokenIdLogprob, ...] | None = None
             if params.logprobs or params.top_logprobs or params.details or params.distribution:
                 lp = sampling.token_logprob(

@@ -13,6 +13,14 @@ once it is near (``NEAR``), and for each choice once closing is due: about a mil
 time, a few dozen times per budget-bound answer. It depends only on the generation's own tokens,
 so it is exact alone and batched. The engine (``runtime/constraints.py``) and the scripted
 source both apply it, so a test on a script sees what a model would get.
+
+A constraint whose output is worth nothing cut short (``whole``: a function call, whose
+arguments must parse) is held strictly once its budget is within ``HORIZON`` tokens: a way to
+the end that fits is kept at every step (each choice is checked, not only once the slack is
+short, since one token can open a call), so the output always ends complete within the budget;
+and when even the shortest way does not fit the budget before the first token (``hopeless``),
+the source generates nothing and ends "length" (a response ``incomplete`` with no call, rather
+than a call with broken arguments).
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from nbresponses.tokens.contract import ClosableConstraint, TokenConstraint
 CLOSING_STEPS = 512  # the longest way to the end a closing walk looks for
 NEAR = 32  # tokens of slack under which the way is looked for at every step
 CHECKED = 16  # slack under which every choice is checked (one token can open a lot)
+HORIZON = CLOSING_STEPS + 1  # a whole output's choices are checked from this many tokens left
 
 
 class BudgetClosing:
@@ -36,6 +45,9 @@ class BudgetClosing:
         self.closed_tokens = 0  # choices the closing replaced with its own token
         self._found: int | None = None  # length of the last way found
         self._next_look = 0  # ``accepted`` at which to look for the way again
+        # a cut output is worth nothing (the constraint says so): held to a way that fits
+        self.whole = self._constraint is not None and bool(getattr(constraint, "whole", False))
+        self.hopeless = False  # whole, and the shortest way is longer than the whole budget
 
     @property
     def left(self) -> int:
@@ -44,7 +56,12 @@ class BudgetClosing:
 
     def check(self) -> None:
         """Before the next choice (on the mask thread): look for the way when it is time."""
-        if self._constraint is None or self.budget is None or self.due:
+        if self._constraint is None or self.budget is None:
+            return
+        if self.whole:
+            self._check_whole()
+            return
+        if self.due:
             return
         left = self.left
         if self.accepted < self._next_look and left > (self._found or 0) + NEAR:
@@ -57,12 +74,33 @@ class BudgetClosing:
             self.due = True
             self.way = list(way)
 
+    def _check_whole(self) -> None:
+        """A whole output: hold a way that fits once the budget is within ``HORIZON``."""
+        assert self._constraint is not None
+        if self.way or self.left > HORIZON:
+            return
+        way = self._constraint.closing(CLOSING_STEPS)
+        if way is None:  # not found: the choices stay unchecked until one is
+            return
+        if len(way) > self.left:  # the budget cannot hold it (from the start: nothing can)
+            self.hopeless = self.accepted == 0
+            return
+        self.due, self.way = True, list(way)
+
     def admit(self, token: int) -> int:
         """The token to take after the choice ``token``: the choice itself while a way to the
         end still fits after it, else the way's next token."""
         if not self.due or not self.way or token == self.way[0]:
             return token
         assert self._constraint is not None
+        if self.whole:
+            after = self._constraint.closing(CLOSING_STEPS, after=token)
+            # kept: a way fits after it, or the choice ends the output itself (its end token)
+            if after is not None and (len(after) <= self.left - 1 or list(after) == [token]):
+                self.way = [token, *after]
+                return token
+            self.closed_tokens += 1
+            return self.way[0]
         after = self._constraint.closing(CLOSING_STEPS, after=token)
         # kept: a way fits after it, or the text may end right after it (free text, a number)
         if after is not None and (len(after) <= self.left - 1 or len(after) == 1):

@@ -46,7 +46,12 @@ class TokenConstraint(Protocol):
 @runtime_checkable
 class ClosableConstraint(TokenConstraint, Protocol):
     """A constraint that can say how to finish from where it stands: the engine uses it to end
-    a structured answer within its token budget (budget-aware closing, ``runtime/constraints``).
+    a structured answer within its token budget (budget-aware closing, ``tokens/closing.py``).
+
+    A constraint with a true attribute ``whole`` (optional) says an output cut short is worth
+    nothing (a function call): the closing then keeps a way to the end within the budget at
+    every step, and when none fits before the first token the source generates nothing and
+    ends "length".
     """
 
     def closing(self, limit: int, after: int | None = None) -> Sequence[int] | None:

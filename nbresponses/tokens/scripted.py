@@ -5,13 +5,16 @@ It honours the parts of the engine contract a consumer can observe: ``max_tokens
 (with exactly ``top_logprobs`` alternatives), usage counts in the final step's
 ``GenerationStats``, and cancellation (``cancel()`` ends the stream with a "cancelled" step;
 closing the iterator or cancelling the consuming task stops it at once). A grammar
-(``params.constraint``) is checked as the engine applies it: each scripted token must be one
-the mask allows, else the generation ends with finish "error" naming the token (a script is
-not a model: it cannot pick another token, so a test sees the grammar refuse it). Budget-aware
-closing (``tokens/closing.py``) applies as in the engine: once a scripted token leaves no room
-for the way to the grammar's end, the source writes that way instead of the script, and ends
-"length".
-"""
+(``params.constraint``) is checked as the engine applies it: each scripted token must be one the
+mask allows, else the generation ends with finish "error" naming the token (a script is not a
+model: it cannot pick another token, so a test sees the grammar refuse it). Budget-aware closing
+(``tokens/closing.py``) applies as in the engine: once a scripted token leaves no room for the
+way to the grammar's end, the source writes that way instead of the script, and ends "length"; a
+``whole`` constraint whose shortest output does not fit the budget ends "length" before its
+first token. ``logit_bias`` is honoured where a script can be: the script is what was chosen
+after the bias, so a scripted token the bias bans (-100 or less, OpenAI's ban) ends the
+generation with finish "error" naming it, as a grammar's refusal does; other biases change
+nothing a script writes (its logprobs are given, not computed)."""
 
 from __future__ import annotations
 
@@ -33,6 +36,8 @@ from nbresponses.tokens.contract import (
     TokenConstraint,
     TokenIdLogprob,
 )
+
+BAN = -100.0  # a logit_bias this low bans a token (OpenAI: "-100 should result in a ban")
 
 
 @dataclass
@@ -147,6 +152,7 @@ class ScriptedStream:
         constraint = params.constraint() if params.constraint is not None else None
         closing = BudgetClosing(constraint, params.max_tokens) if constraint is not None else None
         script_tokens = list(script.token_ids)
+        banned = {t: b for t, b in (params.logit_bias or {}).items() if b <= BAN}
         try:
             i = 0
             while True:
@@ -156,12 +162,21 @@ class ScriptedStream:
                     yield Step((), finish_reason="cancelled", stats=stats)
                     return
                 mask = _mask(constraint, closing) if constraint is not None else None
+                if closing is not None and closing.hopeless:  # not even the shortest fits
+                    finished = True
+                    yield Step((), finish_reason="length", closed=True, stats=stats)
+                    return
                 # once the closing replaced the script, it writes on to the end
                 forced = closing.forcing if closing is not None and closing.closed_early else None
                 failing = script.error is not None and i >= script.error_after
                 if forced is None and (i >= len(script_tokens) or failing):
                     break
                 token = forced if forced is not None else script_tokens[i]
+                if forced is None and token in banned:
+                    finished = True
+                    error = f"logit_bias bans token {token} ({banned[token]})"
+                    yield Step((), finish_reason="error", error=error, stats=stats)
+                    return
                 if mask is not None and not _bit(mask, token):
                     finished = True
                     error = f"the grammar refuses token {token}"

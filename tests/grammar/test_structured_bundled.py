@@ -237,16 +237,30 @@ async def test_named_tool_choice_ends_the_turn_after_the_call(engine):
 
 async def test_a_call_cut_by_the_token_limit_is_incomplete(engine):
     """The issue's third case: a call cut off by max_output_tokens came back as a completed
-    function_call with arguments '{'."""
-    r = await engine.client().responses.create(
-        input="What's the weather in Paris?",
-        tools=[WEATHER],
-        tool_choice={"type": "function", "name": "get_weather"},
-        temperature=0,
-        max_output_tokens=3,
-    )
-    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
-    assert [i.status for i in r.output] == ["incomplete"]
+    function_call with arguments '{'; then (issue 38) as an incomplete one with broken JSON
+    arguments ('{"city": "", "unit": "f'). Now every budget gives a call whose arguments parse
+    and match the schema (closed in time) or, below the shortest call, no call at all."""
+    client = engine.client()
+    seen = set()
+    for choice in ("required", {"type": "function", "name": "get_weather"}):
+        for budget in (3, 8, 12, 16, 19, 22, 25, 28, 40):
+            r = await client.responses.create(
+                input="What's the weather in Paris?",
+                tools=[WEATHER],
+                tool_choice=choice,
+                temperature=0,
+                max_output_tokens=budget,
+            )
+            assert r.status in ("completed", "incomplete"), r.error
+            if r.status == "incomplete":
+                assert r.incomplete_details.reason == "max_output_tokens"
+            assert all(i.type == "function_call" for i in r.output), (choice, budget)
+            for call in r.output:
+                assert call.status == "completed", (choice, budget, call.arguments)
+                jsonschema.validate(json.loads(call.arguments), WEATHER["parameters"])
+            seen.add((r.status, len(r.output)))
+    # nothing (too short), closed in time, and the model's own call all occur
+    assert seen == {("incomplete", 0), ("incomplete", 1), ("completed", 1)}
 
 
 async def test_auto_calls_are_to_given_tools_with_valid_arguments(engine):

@@ -88,3 +88,26 @@ async def test_free_text_is_never_closed(tokenizer, grammar_tokenizer, eos):
     ]
     assert [t for s in steps for t in s.token_ids] == script[:4]
     assert steps[-1].finish_reason == "length"
+
+
+async def test_a_whole_output_is_complete_or_not_started(tokenizer, grammar_tokenizer, eos):
+    """``whole`` (a function call's arguments): every choice keeps a way to the end within the
+    budget, so each budget gives a schema-valid object or, when not even the shortest one fits,
+    nothing at all (never the cut prefix a plain grammar leaves)."""
+    grammar = Grammar.json_schema(grammar_tokenizer, SCHEMA, Guard(on=False))
+    whole = Grammar(grammar_tokenizer, grammar.text, Guard(on=False), whole=True)
+    script = tokenizer.encode(LOOP, add_special_tokens=False)
+    shortest = None
+    for budget in range(1, 60):
+        source = ScriptedTokenSource([script], eos_token_ids=[eos])
+        params = SamplingParams(max_tokens=budget, constraint=whole)
+        steps = [s async for s in source.generate([1], params)]
+        tokens = [t for s in steps for t in s.token_ids]
+        assert steps[-1].finish_reason == "length" and steps[-1].closed
+        if not tokens:
+            assert shortest is None  # too little room from the start: nothing
+            continue
+        shortest = shortest or budget
+        assert tokens[-1] == eos and len(tokens) <= budget
+        jsonschema.validate(json.loads(tokenizer.decode(tokens[:-1])), SCHEMA)
+    assert shortest is not None and shortest <= 24

@@ -38,3 +38,16 @@ async def test_scripted_source_cancellation():
     with pytest.raises(asyncio.CancelledError):
         await task
     assert src.cancelled == 1
+
+
+async def test_scripted_source_refuses_a_token_the_bias_bans():
+    """The script is what was chosen after logit_bias: a banned token cannot have been, so the
+    generation ends in an error naming it; other biases leave the script as it is."""
+    src = ScriptedTokenSource([Script([5, 6, 7, 8])])
+    steps = await collect(src, [1], SamplingParams(logit_bias={7: -100, 5: -99.5, 6: 100}))
+    assert [s.token_ids for s in steps] == [(5,), (6,), ()]
+    assert steps[-1].finish_reason == "error" and "logit_bias bans token 7" in steps[-1].error
+    assert src.params[-1].logit_bias == {7: -100, 5: -99.5, 6: 100}
+    steps = await collect(src, [1], SamplingParams(logit_bias={9: -100, 5: 3.0}))
+    assert [t for s in steps for t in s.token_ids] == [5, 6, 7, 8]
+    assert steps[-1].finish_reason == "stop"

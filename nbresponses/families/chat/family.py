@@ -129,7 +129,9 @@ class ChatFamily:
                 prefill=prompt.lead,
             ),
         )
-        constraint = Grammar.lark(self.grammar_tokenizer(), grammar, guard) if grammar else None
+        constraint = None
+        if grammar:  # a function call cut short is worth nothing: whole or none (``whole``)
+            constraint = Grammar.lark(self.grammar_tokenizer(), grammar, guard, whole=calls)
 
         def output_reader(builder: EventBuilder) -> ChatOutputReader:
             return ChatOutputReader(

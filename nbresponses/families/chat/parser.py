@@ -12,8 +12,10 @@ It understands the conventions of chat-template models:
   object has begun; ``name`` after ``arguments`` or string-encoded arguments are buffered and
   emitted whole at the end of the block.
 * A block that is not a valid call never raises: if nothing of it went out as a call yet, its
-  raw text goes out as ordinary text (the user sees what the model wrote); if its arguments were
-  already streaming, the call ends with ``valid=False`` (the caller marks it incomplete).
+  raw text goes out as ordinary text (the user sees what the model wrote), unless the prompt
+  opened the block (a forced ``tool_choice``: the prompt's text is not the model's answer, so a
+  call cut before its arguments leaves nothing); if its arguments were already streaming, the
+  call ends with ``valid=False`` (the caller marks it incomplete).
 
 Leading and trailing whitespace of each text or reasoning segment is dropped (so "</think>\\n\\n"
 does not start the answer with blank lines); it is held back, never emitted and later retracted.
@@ -321,6 +323,10 @@ class StreamParser:
             )
             self._events.append(Delta("tool_call", args, self._pos))
             self._events.append(End("tool_call", self._pos, arguments=args, valid=True))
+            self._reset_block()
+            return
+        if self._block_start < 0:  # the prompt opened the call (tool_choice): a call or nothing
+            self._advance(consumed)  # (a forced call the budget cut before its arguments)
             self._reset_block()
             return
         # not a call: the raw block becomes text of the (same) message

@@ -144,7 +144,10 @@ class HarmonyFamily:
         grammar = harmony_grammar(output_schema(req), tools, req, builtin=prompt.builtin)
         tokenizer = grammar_tokenizer(self.encoding)
         guard = Guard(req.repetition_guard)  # harmony's turn is watched whole
-        constraint = Grammar.lark(tokenizer, grammar, guard) if grammar is not None else None
+        constraint = None
+        if grammar is not None:  # a function call cut short is worth nothing: whole or none
+            whole = bool(tools) and req.tool_mode != "none"
+            constraint = Grammar.lark(tokenizer, grammar, guard, whole=whole)
         return RenderedPrompt(
             prompt.token_ids, prompt.stop_token_ids, output_reader, constraint=constraint
         )

@@ -54,11 +54,11 @@ def grammar_tokenizer(encoding: HarmonyEncoding) -> GrammarTokenizer:
             return int(encoding.encode(name, allowed_special={name})[0])
 
         return_id = special("<|return|>")
-        # the special tokens a closing walk may take to end a turn, in order of preference
-        closers = [
-            special(name)
-            for name in ("<|call|>", "<|end|>", "<|start|>", "<|channel|>", "<|message|>")
-        ]
+        # the special tokens a closing walk may take to end a turn, in order of preference;
+        # <|channel|> opens another message: taken only when no byte may come (a walk that
+        # preferred it at the turn's start would go round reasoning messages and find no end)
+        closers = [special(name) for name in ("<|call|>", "<|end|>", "<|start|>", "<|message|>")]
+        openers = [special("<|channel|>")]
         tokens = vocabulary_bytes(encoding)
         _CACHE[key] = GrammarTokenizer.from_bytes(
             tokens,
@@ -66,6 +66,7 @@ def grammar_tokenizer(encoding: HarmonyEncoding) -> GrammarTokenizer:
             eos_token_id=return_id,
             special_token_ids=[i for i in range(len(tokens)) if encoding.is_special_token(i)],
             closers=closers,
+            openers=openers,
         )
     return _CACHE[key]
 

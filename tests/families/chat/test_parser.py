@@ -139,3 +139,13 @@ def test_any_chunking_gives_the_same_segments(s, cuts):
     assert a[0]["text"].strip() == b[0]["text"].strip()
     ends = [e.end for e in events]
     assert ends == sorted(ends) or any(not isinstance(e, Delta) for e in events)
+
+
+def test_a_forced_call_cut_before_its_arguments_leaves_nothing():
+    """The prompt opened the call (a forced tool_choice) and nothing of it came: the prompt's
+    text is not the model's answer, so no text and no call come out."""
+    for prefill in ("<tool_call>\n", '<tool_call>\n{"name": "get_weather", "arguments": '):
+        parser = StreamParser(tools=True, prefill=prefill)
+        assert parser.finish() == []
+        parser = StreamParser(tools=True, prefill=prefill)
+        assert parser.feed('{"na' if prefill.endswith("\n") else "") + parser.finish() == []

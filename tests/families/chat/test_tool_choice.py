@@ -138,14 +138,49 @@ async def test_named_choice_writes_the_name_and_holds_the_arguments(tokenizer, c
     assert r.status == "failed" and "grammar refuses" in r.error.message
 
 
-async def test_a_forced_call_cut_by_the_budget_is_incomplete(tokenizer, chat):
-    """Three tokens cannot hold the arguments (the closing finds no shorter way to the end):
-    the call comes back cut, not as a completed call with broken JSON."""
+async def test_a_forced_call_the_budget_cannot_hold_is_not_started(tokenizer, chat):
+    """Three tokens cannot hold the shortest call: nothing is generated, and the response is
+    incomplete with no call (neither broken JSON arguments nor the prompt's call opener)."""
     script = '{"city": "Paris"}}\n</tool_call>'
     request = {"tools": [TIME], "tool_choice": NAMED, "max_output_tokens": 3}
     r, _ = await reply(tokenizer, chat, script, **request)
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
-    assert [(i.type, i.status) for i in r.output] == [("function_call", "incomplete")]
+    assert r.output == [] and r.usage.output_tokens == 0
+
+
+AUTO_SCRIPT = "Checking.\n" + CALL
+SCRIPTS = {
+    "required": '{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>',
+    "named": '{"city": "Zürich"}}\n</tool_call>',
+    "auto": AUTO_SCRIPT,
+}
+
+
+@pytest.mark.parametrize("choice", ["required", "named", "auto"])
+async def test_no_budget_cuts_a_call_into_broken_json(tokenizer, chat, choice):
+    """Issue 38: whatever ``max_output_tokens`` cuts, a call comes out whole (its arguments
+    parse and match the schema: the closing ends it in time) or not at all; never a call with
+    broken arguments, never the prompt's call opener as text."""
+    script = SCRIPTS[choice]
+    tool_choice = {"type": "function", "name": "get_weather"} if choice == "named" else choice
+    full = len(tokenizer.encode(script)) + 1
+    closed_early = whole = 0
+    for budget in range(1, full + 2):
+        request = {"tools": [WEATHER], "tool_choice": tool_choice, "max_output_tokens": budget}
+        r, _ = await reply(tokenizer, chat, script, **request)
+        assert r.status in ("completed", "incomplete"), (budget, r.error)
+        if r.status == "incomplete":
+            assert r.incomplete_details.reason == "max_output_tokens"
+        for item in r.output:
+            if item.type == "function_call":
+                assert item.status == "completed", (budget, item.arguments)
+                assert set(json.loads(item.arguments)) == {"city"}, budget
+                closed_early += r.status == "incomplete"
+                whole += r.status == "completed"
+            else:
+                assert choice == "auto" and "<tool_call>" not in r.output_text, budget
+                assert '"arguments"' not in r.output_text, budget
+    assert closed_early and whole  # some budgets closed the call in time, the largest let it be
 
 
 async def test_auto_leaves_the_answer_free(tokenizer, chat):

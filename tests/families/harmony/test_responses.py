@@ -732,17 +732,30 @@ async def test_required_and_named_tool_choice(enc: HarmonyEncoding) -> None:
     assert 200012 in source.params[-1].stop_token_ids
 
 
-async def test_a_call_cut_off_is_incomplete(enc: HarmonyEncoding) -> None:
-    script = generated(enc, fn_call("get_weather", '{"city":"Reykjavik"}'))
-    client, _ = make_client(enc, script)
-    events = await stream_events(
-        client, input="q", tools=TOOLS, tool_choice="required", max_output_tokens=len(script) - 3
-    )
-    check_stream(events)
-    r = events[-1].response
-    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
-    (call,) = r.output
-    assert call.type == "function_call" and call.status == "incomplete"
+@pytest.mark.parametrize("reasoning", [False, True])
+async def test_no_budget_cuts_a_call_into_broken_json(enc: HarmonyEncoding, reasoning) -> None:
+    """Issue 38: whatever ``max_output_tokens`` cuts, the call comes out whole (its arguments
+    parse: the closing ends it in time) or not at all, never with broken arguments; a budget
+    too small for the shortest call gives an incomplete response and no call."""
+    first = [analysis("Need the weather.")] if reasoning else []
+    script = generated(enc, *first, fn_call("get_weather", '{"city":"Reykjavik"}'))
+    closed_early = 0
+    for budget in range(1, len(script) + 2):
+        client, _ = make_client(enc, script)
+        r = await client.responses.create(
+            input="q", tools=TOOLS, tool_choice="required", max_output_tokens=budget
+        )
+        calls = [i for i in r.output if i.type == "function_call"]
+        if budget > len(script):
+            assert r.status == "completed" and calls[0].arguments == '{"city":"Reykjavik"}'
+            continue
+        assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+        for call in calls:
+            assert call.status == "completed" and set(json.loads(call.arguments)) == {"city"}
+            closed_early += 1
+        if budget < 10:
+            assert not calls and r.usage.output_tokens == 0  # not even the shortest call fits
+    assert closed_early
 
 
 @needs_bwrap  # runs the python tool: its sandbox needs bubblewrap
