@@ -26,6 +26,7 @@ from nbresponses.protocol.items import check_call_outputs
 from nbresponses.protocol.request import CreateRequest, given, parse_create
 from nbresponses.service.completions import AsyncCompletions
 from nbresponses.service.database import RUNNING, StorePath, open_database
+from nbresponses.service.function_tools import run_tools
 from nbresponses.service.record import Record
 from nbresponses.service.run import Generation, ResponseRun
 from nbresponses.service.store import STORE_DEFAULTS, ResponseStore
@@ -412,8 +413,6 @@ class AsyncResponses:
 
         See ``nbresponses.service.function_tools.run_tools``.
         """
-        from nbresponses.service.function_tools import run_tools
-
         return await run_tools(self, tools=tools, max_turns=max_turns, **kwargs)
 
 
