@@ -53,7 +53,7 @@ class Engine(Analyses):
             config=self.prepared.config,
             **client_options,
         )
-        self.scoring = LocalBackend(
+        self.scoring: LocalBackend = LocalBackend(
             generator, self._client.family, model=self.model, store=self._client.store
         )
 

@@ -68,14 +68,14 @@ class Analyses:
                 )
             if isinstance(text, Response):
                 return await self._score_own(text, input, top_logprobs, method)
-            inputs = [None] * len(text) if input is None else list(input)  # type: ignore[arg-type]
-            if len(inputs) != len(text):  # type: ignore[arg-type]
-                raise ValueError(f"{len(inputs)} inputs for {len(text)} responses")  # type: ignore[arg-type]
+            inputs = [None] * len(text) if input is None else list(input)
+            if len(inputs) != len(text):
+                raise ValueError(f"{len(inputs)} inputs for {len(text)} responses")
             return list(
                 await asyncio.gather(
                     *(
                         self._score_own(r, i, top_logprobs, method)
-                        for r, i in zip(text, inputs, strict=True)  # type: ignore[arg-type]
+                        for r, i in zip(text, inputs, strict=True)
                     )
                 )
             )

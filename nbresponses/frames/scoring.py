@@ -111,13 +111,13 @@ def _overlap_kl(p: dict[str, float], q: dict[str, float]) -> float:
     return float(np.sum(np.exp(lp) * (lp - lq)))
 
 
-def compare(a: Any, b: Any, **options: Any) -> pd.DataFrame:
+def compare(*args: Any, **options: Any) -> pd.DataFrame:
     """Deprecated name of :func:`compare_scorings` (``engine.divergence`` is the exact,
     full-vocabulary comparison of two engines)."""
     warnings.warn(
         "nbr.compare(a, b) is now nbr.compare_scorings(a, b)", DeprecationWarning, stacklevel=2
     )
-    return compare_scorings(a, b, **options)
+    return compare_scorings(*args, **options)
 
 
 def scorings_frame(scorings: list[Any], *, lookup: ResponseLookup | None = None) -> pd.DataFrame:
