@@ -52,7 +52,6 @@ _LAZY: dict[str, str] = {
     "plot_divergence": "nbresponses.frames",
     "plot_options": "nbresponses.frames",
     "plot_lens": "nbresponses.frames",
-    "scorings_frame": "nbresponses.frames",
     "lens_frame": "nbresponses.frames",
     "history": "nbresponses.service.history",
     "record": "nbresponses.service.keep",
@@ -81,7 +80,7 @@ _ENGINE_NAMES = frozenset(
 # subpackages a user reaches as attributes (``nbr.frames.lens_frame``) in a fresh kernel
 _SUBPACKAGES = frozenset({"frames", "view"})
 
-__all__ = ["__version__", *_LAZY, *sorted(_SUBPACKAGES)]
+__all__ = ["__version__", *_LAZY, "frames"]
 
 
 def __getattr__(name: str) -> Any:

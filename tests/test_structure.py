@@ -20,6 +20,7 @@ ROOT = PACKAGE.parent
 # defers a measured import cost that most users of the file never need
 DEFERRED_IMPORTS = {
     "nbresponses/__init__.py": "the lazy public names: `import nbresponses` stays light",
+    "nbresponses/analysis/analyses.py": "pandas (~2.5 s under load) only when a frame is built",
     "nbresponses/cli.py": "each command imports what it runs: `nbresponses --help` stays fast",
     "nbresponses/engine.py": "the in-process server (httpx, the SDK's client): engine.openai()",
     "nbresponses/families/registry.py": "one family per model (~0.25 s each)",
@@ -133,4 +134,4 @@ def test_imports_inside_functions_only_where_they_keep_an_import_light() -> None
                 deferred.setdefault(rel, []).append(node.lineno)  # type: ignore[attr-defined]
     unexplained = {f: lines for f, lines in deferred.items() if f not in DEFERRED_IMPORTS}
     assert unexplained == {}, "import these at the top, or measure and explain the saving"
-    assert sum(len(set(v)) for v in deferred.values()) <= 13
+    assert sum(len(set(v)) for v in deferred.values()) <= 18

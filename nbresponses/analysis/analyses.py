@@ -10,20 +10,22 @@ from __future__ import annotations
 import asyncio
 import warnings
 from collections.abc import AsyncIterator, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 from openai.types.responses import Response
 from tqdm.auto import tqdm
 
-from nbresponses.frames.lens import lens_frame
-from nbresponses.frames.scoring import scorings_frame
 from nbresponses.service.scoring import DEFAULT_METHOD, Method
 
-from . import choice
 from .backend import ScoringBackend, is_responses
-from .divergence import divergence
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# The frames (pandas) are imported by the methods that build them, not here: every engine
+# imports this module, and pandas added 2.5 s to `import nbresponses.engine` (measured on a
+# loaded machine; `nbresponses serve` and generation never build a frame).
 
 __all__ = ["Analyses"]
 
@@ -146,6 +148,8 @@ class Analyses:
     async def score_frame(self, texts: Sequence[Any], **options: Any) -> pd.DataFrame:
         """``score_many`` into one ``logprobs_frame``, with a ``document`` column (the index of
         each token's text in ``texts``)."""
+        from nbresponses.frames.scoring import scorings_frame  # pandas: see the top
+
         return scorings_frame([s async for s in self.score_many(texts, **options)])
 
     async def choose(
@@ -164,7 +168,9 @@ class Analyses:
         ``unconditional`` (a neutral context such as ``""`` or ``"Answer:"``), also each
         option's logprob after it and the PMI score. The prompt is computed once and shared
         (prefix cache); the options are scored together."""
-        return await choice.choose(
+        from .choice import choose  # pandas: see the top
+
+        return await choose(
             self.scoring, prompt, options, chat=chat, method=method, unconditional=unconditional
         )
 
@@ -185,7 +191,9 @@ class Analyses:
         optionally the answers): one row per (question, option) with every score and
         ``correct``; ``nbr.choice_accuracy`` of it gives the prediction, probability, accuracy
         and Brier score per normalisation. ``concurrency`` questions at a time, with a bar."""
-        return await choice.choose_many(
+        from .choice import choose_many  # pandas: see the top
+
+        return await choose_many(
             self.scoring,
             questions,
             question=question,
@@ -214,6 +222,8 @@ class Analyses:
         computed streaming in chunks (never every logit at once), with a progress bar.
         ``nbr.divergence_summary`` of it is llama.cpp's KL-divergence report. (Two scorings
         already made compare with ``nbr.compare_scorings``, over their top-k.)"""
+        from .divergence import divergence  # pandas: see the top
+
         return await divergence(
             self.scoring,
             other.scoring,
@@ -251,6 +261,8 @@ class Analyses:
         fused recipe (``fused-q8``, ``analysis``); a lens graph is built once beside the model.
         On 8-bit weights it reads what that model computes (docs/concepts/lens.md).
         """
+        from nbresponses.frames.lens import lens_frame  # pandas: see the top
+
         job = await self.scoring.prepare(text, continuation, chat=chat)
         ids = [*job.prompt, *job.given]
         result, names = await self.scoring.lens(ids)
