@@ -1,7 +1,7 @@
 """Scoring on a server: the same scorings as ``engine.score``, computed where the model runs.
 
 Any server that returns prompt logprobs through the Completions API will do: ``nbresponses
-serve`` and vLLM. ``RemoteScorer`` tokenizes through the server's ``/tokenize`` (vLLM's
+serve`` and vLLM. ``RemoteBackend`` tokenizes through the server's ``/tokenize`` (vLLM's
 route, which ``nbresponses serve`` serves too), so the ids scored are the ones that server's
 model reads, then posts the ids with ``echo=True, max_tokens=0`` and vLLM's
 ``prompt_logprobs`` and builds the Response-shaped scoring the frames read. vLLM sends each
