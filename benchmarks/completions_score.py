@@ -139,7 +139,7 @@ async def main() -> None:
                     vllm.pause()
         if vllm is not None:
             vllm.resume()
-            vllm_ids = [await peer._scorer.tokenize(t) for t in texts]  # vLLM's /tokenize
+            vllm_ids = [await peer.scoring.tokenize(t) for t in texts]  # vLLM's /tokenize
             await peer.aclose()
         await remote.aclose()
         await http.aclose()

@@ -1,6 +1,6 @@
 """The cost of a full-vocabulary comparison of two recipes over a corpus, and its report.
 
-Both engines score the same tokens (``Engine.compare``: prefill chunks of ``--chunk`` tokens,
+Both engines score the same tokens (``Engine.divergence``: prefill chunks of ``--chunk`` tokens,
 the two engines side by side, every position's two full distributions reduced to KL, Δp,
 ranks and top-1 agreement before the next chunk). Timed against each engine scoring the
 corpus alone (``score_many``, ``method="prefill"``) in the same run, round-robin, medians of
@@ -38,7 +38,7 @@ async def side_by_side(
     base: nbr.Engine, other: nbr.Engine, texts: list[str], chunk: int
 ) -> tuple[float, int, object]:
     start = time.perf_counter()
-    frame = await base.compare(other, texts, names=("fp32", "q8"), chunk=chunk, progress=False)
+    frame = await base.divergence(other, texts, names=("fp32", "q8"), chunk=chunk, progress=False)
     return time.perf_counter() - start, len(frame), frame
 
 

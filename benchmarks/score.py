@@ -123,9 +123,9 @@ def main() -> None:
         prepared = prepare_model(None, recipe, progress=False)
         engines[prepared.recipe] = nbr.Engine(TokenGenerator(prepared, prefix_cache_bytes=0))
     first = next(iter(engines.values()))
-    scorer = first._scorer()
     # what the engine scores: every token of a document after one end-of-text token
-    documents = [[*scorer.prepare(t).prompt, *scorer.prepare(t).given] for t in texts]
+    jobs = [asyncio.run(first.scoring.prepare(t)) for t in texts]
+    documents = [[*job.prompt, *job.given] for job in jobs]
     print(f"corpus: {len(texts)} documents, {sum(len(d) - 1 for d in documents)} tokens scored")
 
     systems: dict[str, Callable[[], dict]] = {}

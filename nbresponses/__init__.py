@@ -8,18 +8,21 @@ without it, using one raises an ImportError that says so.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
+import warnings
 from typing import Any
 
+from nbresponses._extras import require
 from nbresponses.traffic.lookup import stored as _stored
+from nbresponses.traffic.recording import keep_shown as _keep_shown
+from nbresponses.traffic.recording import register_recorder as _register_recorder
 
 __version__ = "0.1.0"
 
 # public name -> module that defines it
 _LAZY: dict[str, str] = {
     "Engine": "nbresponses.engine",
-    "RemoteEngine": "nbresponses.service.remote",
+    "RemoteEngine": "nbresponses.analysis.remote",
     "prepare_model": "nbresponses.models.prepare",
     "list_models": "nbresponses.models.cache",
     "PreparedModel": "nbresponses.models.prepared",
@@ -32,10 +35,10 @@ _LAZY: dict[str, str] = {
     "sequence_logprob": "nbresponses.frames",
     "perplexity": "nbresponses.frames",
     "classification_confidence": "nbresponses.frames",
-    "logprobs_heatmap": "nbresponses.frames",
+    "plot_logprobs": "nbresponses.frames",
     "samples_frame": "nbresponses.frames",
     "function_tool": "nbresponses.service.function_tools",
-    "compare": "nbresponses.frames",
+    "compare_scorings": "nbresponses.frames",
     "option_likelihoods": "nbresponses.frames",
     "words_frame": "nbresponses.frames",
     "span_surprisal": "nbresponses.frames",
@@ -48,9 +51,17 @@ _LAZY: dict[str, str] = {
     "plot_reliability": "nbresponses.frames",
     "plot_divergence": "nbresponses.frames",
     "plot_options": "nbresponses.frames",
+    "plot_lens": "nbresponses.frames",
+    "lens_frame": "nbresponses.frames",
     "history": "nbresponses.service.history",
     "record": "nbresponses.service.keep",
     "StoreWarning": "nbresponses.service.database",
+}
+
+# old names, kept for one release (not in __all__): calling one warns with its new name
+_DEPRECATED: dict[str, str] = {
+    "compare": "nbresponses.frames",  # now compare_scorings
+    "logprobs_heatmap": "nbresponses.frames",  # now plot_logprobs
 }
 
 # names that need the engine extra (the rest work in the light install)
@@ -66,28 +77,43 @@ _ENGINE_NAMES = frozenset(
     }
 )
 
-__all__ = ["__version__", *_LAZY]
+# subpackages a user reaches as attributes (``nbr.frames.lens_frame``) in a fresh kernel
+_SUBPACKAGES = frozenset({"frames", "view"})
+
+__all__ = ["__version__", *_LAZY, "frames"]
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"nbresponses.{name}")
+    module = _LAZY.get(name) or _DEPRECATED.get(name)
     if module is None:
         raise AttributeError(f"module 'nbresponses' has no attribute {name!r}")
     if name in _ENGINE_NAMES:
-        from nbresponses._extras import require
-
         require("engine", f"nbr.{name}")
     value = getattr(importlib.import_module(module), name)
-    if module == "nbresponses.view":
-        _view_keeps_when_asked()
     globals()[name] = value
     return value
 
 
-def _view_keeps_when_asked() -> None:
-    """Let ``show(stream, record=True)`` keep responses in the history (the store's recorder)."""
-    with contextlib.suppress(ImportError):  # a light install has no store to keep them in
-        importlib.import_module("nbresponses.service.keep")
+def _record_shown(response: Any, base_url: str | None) -> None:
+    """``show(stream, record=True)``'s first finished response, on any import path: load the
+    store's recorder (``service/keep.py`` registers it), then hand the response to it. Here,
+    as the package is imported, for the reason ``_DefaultStoreFile`` is; the store is imported
+    at first use, so ``import nbresponses`` stays light."""
+    try:
+        importlib.import_module("nbresponses.service.keep")  # registers the store's recorder
+    except ImportError:  # a light install has no store to keep them in
+        warnings.warn(
+            "record=True keeps responses in the history, which needs nbresponses[engine]",
+            UserWarning,
+            stacklevel=3,
+        )
+        return
+    _keep_shown(response, base_url)
+
+
+_register_recorder(_record_shown, fallback=True)
 
 
 class _DefaultStoreFile:

@@ -20,14 +20,14 @@ from openai.types.responses import (
     ResponseTextDeltaEvent,
 )
 
+from nbresponses.engine import Engine
+from nbresponses.service.stream import ResponseEventStream
+
 FINAL_EVENTS = (ResponseCompletedEvent, ResponseIncompleteEvent, ResponseFailedEvent)
 DEFAULT_PROMPT = "Explain in two sentences why the sky is blue."
 
 
 async def stream_answer(args: argparse.Namespace) -> int:
-    from nbresponses.engine import Engine
-    from nbresponses.service.stream import ResponseEventStream
-
     engine = await Engine.load(args.model, args.quantization, cache_dir=args.cache_dir)
     try:
         print(f"model: {engine.prepared.describe()}", file=sys.stderr)

@@ -131,7 +131,7 @@ class EngineLM(TemplateLM):
         is the model's first choice (as local-completions reads ``logprobs=1``)."""
         inp = (context + continuation)[-self.max_length :]  # left-truncated, as the harness
         ctxlen = len(context) - max(0, len(context) + len(continuation) - self.max_length)
-        scorer = self.engine._scorer()
+        scorer = self.engine.scoring.scorer
         logprobs, _ = await scorer.logprobs(
             Scoring(inp[:ctxlen], inp[ctxlen:]), top_logprobs=1, method=self.method
         )

@@ -10,12 +10,12 @@ from .calibration import calibration_summary, reliability_table
 from .choice import NORMALISATIONS, choice_accuracy, multiple_choice_frame, option_likelihoods
 from .divergence import divergence_summary
 from .events import EVENTS_COLUMNS, events_frame
-from .heatmap import logprobs_heatmap
-from .lens import LENS_COLUMNS, lens_frame, lens_heatmap
+from .heatmap import logprobs_heatmap, plot_logprobs
+from .lens import LENS_COLUMNS, lens_frame, lens_heatmap, plot_lens
 from .logprobs import LOGPROBS_COLUMNS, TOP_LOGPROBS_COLUMNS, logprobs_frame, top_logprobs_frame
 from .plots import plot_divergence, plot_options, plot_reliability, plot_surprisal
 from .samples import SAMPLES_COLUMNS, samples_frame
-from .scoring import compare
+from .scoring import compare, compare_scorings, scorings_frame
 from .usage import USAGE_COLUMNS, usage_frame
 from .words import BOUNDARIES, WORDS_COLUMNS, span_surprisal, words_frame
 
@@ -33,6 +33,7 @@ __all__ = [
     "choice_accuracy",
     "classification_confidence",
     "compare",
+    "compare_scorings",
     "divergence_summary",
     "events_frame",
     "lens_frame",
@@ -43,11 +44,14 @@ __all__ = [
     "option_likelihoods",
     "perplexity",
     "plot_divergence",
+    "plot_lens",
+    "plot_logprobs",
     "plot_options",
     "plot_reliability",
     "plot_surprisal",
     "reliability_table",
     "samples_frame",
+    "scorings_frame",
     "sequence_logprob",
     "span_surprisal",
     "top_logprobs_frame",

@@ -21,7 +21,7 @@ from ._parts import iter_parts
 
 __all__ = ["BOW_HINT", "bow_terms", "span_term", "word_start_masses"]
 
-#: a token whose bytes begin with one of these starts a word (as service/word_starts.py counts)
+#: a token whose bytes begin with one of these starts a word (as analysis/word_starts.py counts)
 _WHITESPACE = frozenset(b" \t\n\r\x0b\x0c")
 
 BOW_HINT = (

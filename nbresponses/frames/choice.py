@@ -102,12 +102,17 @@ def multiple_choice_frame(
     questions: Sequence[tuple[Sequence[Any], Sequence[str], Any, Sequence[Any] | None]],
     *,
     lookup: ResponseLookup | None = None,
+    labels: pd.Index | None = None,
 ) -> pd.DataFrame:
     """Many questions' :func:`option_likelihoods` in one long frame, indexed by
     ``(question, option_index)``, with the ``option`` text and ``correct`` (whether it is the
     answer; NA without one). ``questions``: per question ``(scorings, options, answer,
     unconditional scorings or None)``; ``answer`` is the correct option's text or index (None:
-    unknown); ``lookup=`` as for :func:`option_likelihoods`."""
+    unknown); ``lookup=`` as for :func:`option_likelihoods`. ``labels``: the questions' own
+    index (``engine.choose_many``'s frame of questions), which then names the first level in
+    place of their order."""
+    if labels is not None and len(labels) != len(questions):
+        raise ValueError(f"{len(labels)} labels for {len(questions)} questions")
     frames = []
     for q, (scorings, options, answer, unconditional) in enumerate(questions):
         one = option_likelihoods(
@@ -123,7 +128,14 @@ def multiple_choice_frame(
         frames.append(one)
     if not frames:
         raise ValueError("no questions")
-    return pd.concat(frames)
+    out = pd.concat(frames)
+    if labels is not None:
+        out.index = pd.MultiIndex.from_arrays(
+            [labels.to_numpy()[out.index.get_level_values("question")],
+             out.index.get_level_values("option_index")],
+            names=[labels.name or "question", "option_index"],
+        )  # fmt: skip
+    return out
 
 
 def _answer_index(answer: Any, options: Sequence[str]) -> int | None:

@@ -3,7 +3,8 @@
 ``llama-perplexity --kl-divergence`` compares a model (Q) with a base over a corpus and prints
 perplexity, KL and token-probability statistics (``tools/perplexity/perplexity.cpp``,
 ``kl_divergence``). :func:`divergence_summary` computes the same statistics with the same
-definitions from a frame with one row per token (``Engine.compare``'s): ``logprob_<a>`` (the
+definitions from a frame with one row per token (``Engine.divergence``'s, built by
+:func:`divergence_frame`): ``logprob_<a>`` (the
 base's logprob of the scored token), ``logprob_<b>`` (the other's), ``kl`` (KL(a ‖ b) over the
 whole vocabulary) and ``argmax_agree``. Differences from llama.cpp: every scored token counts
 (llama.cpp scores only the second half of each context-sized chunk), and logprobs are not
@@ -13,14 +14,36 @@ quantised to 16 bits first.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-__all__ = ["PERCENTILES", "divergence_summary"]
+__all__ = ["PERCENTILES", "divergence_frame", "divergence_summary"]
 
 #: the percentiles llama.cpp prints (fractions)
 PERCENTILES = (0.999, 0.99, 0.95, 0.90, 0.75, 0.25, 0.10, 0.05, 0.01, 0.001)
+
+
+def divergence_frame(
+    columns: Mapping[str, Sequence[Any]], *, names: tuple[str, str] = ("a", "b")
+) -> pd.DataFrame:
+    """The per-token frame of two engines' comparison (``engine.divergence``) from its
+    columns: ``document``, ``position``, ``token``, ``logprob_a`` / ``logprob_b``,
+    ``rank_a`` / ``rank_b``, ``kl`` and ``argmax_agree``; the ``_a`` / ``_b`` suffixes become
+    ``names``, and ``dlogprob`` (b − a) and ``dp`` (p_b − p_a) are added."""
+    x, y = names
+    out = pd.DataFrame(dict(columns))
+    out["document"] = out["document"].astype("int64")
+    out["position"] = out["position"].astype("int64")
+    out = out.rename(columns={"logprob_a": f"logprob_{x}", "logprob_b": f"logprob_{y}",
+                              "rank_a": f"rank_{x}", "rank_b": f"rank_{y}"})  # fmt: skip
+    out["dlogprob"] = out[f"logprob_{y}"] - out[f"logprob_{x}"]
+    out["dp"] = np.exp(out[f"logprob_{y}"]) - np.exp(out[f"logprob_{x}"])
+    order = ["document", "position", "token", f"logprob_{x}", f"logprob_{y}", "dlogprob", "dp"]
+    rest = [c for c in out.columns if c not in order]
+    return out[order + rest]
 
 
 def _mean_and_uncertainty(values: np.ndarray) -> tuple[float, float]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -14,7 +15,7 @@ from .logprobs import logprobs_frame
 if TYPE_CHECKING:  # pandas' Styler needs jinja2: import it only when a heat map is drawn
     from pandas.io.formats.style import Styler
 
-__all__ = ["logprobs_heatmap"]
+__all__ = ["logprobs_heatmap", "plot_logprobs"]
 
 _SHOWN = ["response_id", "position", "text", "prob", "logprob", "rank", "runner_up", "margin"]
 
@@ -24,7 +25,7 @@ def _visible(text: str) -> str:
     return text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥") if text else "∅"
 
 
-def logprobs_heatmap(
+def plot_logprobs(
     obj: Any, *, max_rows: int | None = 2000, lookup: ResponseLookup | None = None
 ) -> Styler:
     """A Styler of the tokens of ``obj`` with ``text`` and ``prob`` cells coloured by ``prob``.
@@ -52,3 +53,9 @@ def logprobs_heatmap(
         {"prob": "{:.3f}", "logprob": "{:.3f}", "margin": "{:.3f}"}, na_rep="", escape="html"
     )
     return styler.set_caption("token probability: viridis, dark = unlikely, yellow = likely")
+
+
+def logprobs_heatmap(*args: Any, **kwargs: Any) -> Styler:
+    """Deprecated name of :func:`plot_logprobs` (every plot is ``plot_*``)."""
+    warnings.warn("logprobs_heatmap is now plot_logprobs", DeprecationWarning, stacklevel=2)
+    return plot_logprobs(*args, **kwargs)

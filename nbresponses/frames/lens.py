@@ -4,8 +4,9 @@ nothing of the engine."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -16,7 +17,7 @@ from .heatmap import _visible
 if TYPE_CHECKING:
     from pandas.io.formats.style import Styler
 
-__all__ = ["LENS_COLUMNS", "lens_frame", "lens_heatmap"]
+__all__ = ["LENS_COLUMNS", "lens_frame", "lens_heatmap", "plot_lens"]
 
 #: column -> dtype of :func:`lens_frame`
 LENS_COLUMNS: dict[str, str] = {
@@ -79,7 +80,7 @@ def lens_frame(
     return frame
 
 
-def lens_heatmap(frame: pd.DataFrame, value: str = "next_prob") -> Styler:
+def plot_lens(frame: pd.DataFrame, value: str = "next_prob") -> Styler:
     """Layers (rows, the output at the top) x positions (columns, headed by the token read
     there and the one that comes next), each cell ``value`` (default: the probability the
     layer gives the next token), coloured viridis (dark = low, yellow = high; ``kl`` scaled to
@@ -113,3 +114,9 @@ def lens_heatmap(frame: pd.DataFrame, value: str = "next_prob") -> Styler:
     caption = f"logit lens: {value} per layer (rows, output at the top) and position; cells name "
     caption += "the layer's top token"
     return shown.style.apply(lambda _: css, axis=None).set_caption(caption)
+
+
+def lens_heatmap(*args: Any, **kwargs: Any) -> Styler:
+    """Deprecated name of :func:`plot_lens` (every plot is ``plot_*``)."""
+    warnings.warn("lens_heatmap is now plot_lens", DeprecationWarning, stacklevel=2)
+    return plot_lens(*args, **kwargs)

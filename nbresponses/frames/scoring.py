@@ -1,4 +1,4 @@
-"""Two scorings of one text compared per token (and ``option_likelihoods``, now in ``choice``).
+"""Two scorings of one text compared per token; many scorings as one frame of documents.
 
 Both read logprobs the way ``logprobs_frame`` does, so they take scorings (``Engine.score``)
 and generated Responses alike, from this engine or any other.
@@ -6,6 +6,7 @@ and generated Responses alike, from this engine or any other.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -16,10 +17,10 @@ from nbresponses.traffic.lookup import ResponseLookup
 from .choice import option_likelihoods
 from .logprobs import logprobs_frame, top_logprobs_frame
 
-__all__ = ["compare", "option_likelihoods"]
+__all__ = ["compare", "compare_scorings", "option_likelihoods", "scorings_frame"]
 
 
-def compare(
+def compare_scorings(
     a: Any,
     b: Any,
     *,
@@ -108,3 +109,21 @@ def _overlap_kl(p: dict[str, float], q: dict[str, float]) -> float:
     lp = lp - np.logaddexp.reduce(lp)
     lq = lq - np.logaddexp.reduce(lq)
     return float(np.sum(np.exp(lp) * (lp - lq)))
+
+
+def compare(*args: Any, **options: Any) -> pd.DataFrame:
+    """Deprecated name of :func:`compare_scorings` (``engine.divergence`` is the exact,
+    full-vocabulary comparison of two engines)."""
+    warnings.warn(
+        "nbr.compare(a, b) is now nbr.compare_scorings(a, b)", DeprecationWarning, stacklevel=2
+    )
+    return compare_scorings(*args, **options)
+
+
+def scorings_frame(scorings: list[Any], *, lookup: ResponseLookup | None = None) -> pd.DataFrame:
+    """``logprobs_frame`` of many scorings, with a ``document`` column first: the index of
+    each token's scoring in ``scorings`` (``engine.score_frame``)."""
+    ids = {getattr(s, "id", None): i for i, s in enumerate(scorings)}
+    frame = logprobs_frame(scorings, lookup=lookup)
+    frame.insert(0, "document", frame["response_id"].astype(str).map(ids).astype("int64"))
+    return frame

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from nbresponses.models.fidelity_set import FIDELITY_SET, Sample
-from nbresponses.models.fused import LOGITS_TO_KEEP
+from nbresponses.models.fidelity_set import FIDELITY_SET, Sample, reference_spans, render_ids
+from nbresponses.models.graph_contract import KV_LAYOUT, LOGITS_TO_KEEP, SCATTER_IN_PLACE
 
 SET_NAME = "nbresponses-fidelity-2"  # bump when the samples or the measure change
 GREEDY_TOKENS = 48  # greedy continuation per prompt (stops earlier at eos)
@@ -138,48 +138,10 @@ def compare_logits(
     return _score(reference, candidate, targets).report()
 
 
-def _render(tokenizer: Any, messages: list[dict[str, str]], *, prompt: bool) -> list[int]:
-    """Token ids of a conversation; ``prompt`` adds the assistant's opening. Without a chat
-    template: the turns' texts joined by blank lines."""
-    if getattr(tokenizer, "chat_template", None):
-        return list(
-            tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=prompt)
-        )
-    text = "\n\n".join(m["content"] for m in messages) + ("\n\n" if prompt and messages else "")
-    return list(tokenizer(text)["input_ids"])
-
-
-def reference_spans(tokenizer: Any, sample: Sample) -> tuple[list[int], list[tuple[int, int]]]:
-    """The conversation's ids and the [start, end) spans of its assistant turns' tokens."""
-    messages = [dict(m) for m in sample.messages]
-    ids = _render(tokenizer, messages, prompt=False)
-    spans = []
-    for i, message in enumerate(messages):
-        if message["role"] != "assistant":
-            continue
-        before = _render(tokenizer, messages[:i], prompt=True)
-        through = _render(tokenizer, messages[: i + 1], prompt=False)
-        start = _common_prefix(before, ids)
-        end = min(_common_prefix(through, ids), len(ids))
-        if end > start:
-            spans.append((start, end))
-    return ids, spans
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
-
-
 def _feeds(session: Any, ids: list[int], room: int = 0) -> dict[str, np.ndarray]:
     """A first run's feeds. Graphs that write the KV in place at ``position_ids`` (the fused
     graph, ``fused.SCATTER_IN_PLACE``) get past buffers with room for the prompt and ``room``
     tokens more; the others an empty past that their present grows from."""
-    from nbresponses.models.fused import KV_LAYOUT, SCATTER_IN_PLACE
-
     layout = session.get_modelmeta().custom_metadata_map.get(KV_LAYOUT)
     width = len(ids) + room if layout == SCATTER_IN_PLACE else 0
     feeds: dict[str, np.ndarray] = {}
@@ -308,7 +270,7 @@ def measure_fidelity(
             (ids, np.concatenate([np.arange(s - 1, e - 1) for s, e in spans]))
         )
     for sample in samples:
-        prompt = _render(tokenizer, [dict(m) for m in sample.messages[:-1]], prompt=True)
+        prompt = render_ids(tokenizer, [dict(m) for m in sample.messages[:-1]], prompt=True)
         new = greedy_continuation(cand, prompt, greedy_tokens, _stop_ids(tokenizer))
         scored["greedy"].append(
             (prompt + new, np.arange(len(prompt) - 1, len(prompt) + len(new) - 1))

@@ -11,6 +11,7 @@ with the SmolLM2 tokenizer; the texts are our own.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 Message = dict[str, str]
 
@@ -147,3 +148,39 @@ FIDELITY_SET: tuple[Sample, ...] = (
         "little and is not the cause.",
     ),
 )
+
+
+def render_ids(tokenizer: Any, messages: list[dict[str, str]], *, prompt: bool) -> list[int]:
+    """Token ids of a conversation; ``prompt`` adds the assistant's opening. Without a chat
+    template: the turns' texts joined by blank lines."""
+    if getattr(tokenizer, "chat_template", None):
+        return list(
+            tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=prompt)
+        )
+    text = "\n\n".join(m["content"] for m in messages) + ("\n\n" if prompt and messages else "")
+    return list(tokenizer(text)["input_ids"])
+
+
+def reference_spans(tokenizer: Any, sample: Sample) -> tuple[list[int], list[tuple[int, int]]]:
+    """The conversation's ids and the [start, end) spans of its assistant turns' tokens."""
+    messages = [dict(m) for m in sample.messages]
+    ids = render_ids(tokenizer, messages, prompt=False)
+    spans = []
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        before = render_ids(tokenizer, messages[:i], prompt=True)
+        through = render_ids(tokenizer, messages[: i + 1], prompt=False)
+        start = _common_prefix(before, ids)
+        end = min(_common_prefix(through, ids), len(ids))
+        if end > start:
+            spans.append((start, end))
+    return ids, spans
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

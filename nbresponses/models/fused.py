@@ -39,19 +39,20 @@ from nbresponses.models import architectures
 from nbresponses.models import attention as ops_attention
 from nbresponses.models.architectures import ARCHITECTURES, Architecture
 from nbresponses.models.errors import RecipeError
+from nbresponses.models.export import quiet_export
+from nbresponses.models.graph_contract import (  # the runner reads them here too
+    END_PADDED_IN_PLACE,
+    KV_LAYOUT,
+    LOGITS_TO_KEEP,
+    SCATTER_IN_PLACE,
+)
 
 if TYPE_CHECKING:
     from nbresponses.models.smoothing import Smoothing
 
 OPSET = 21
-KV_LAYOUT = "nbresponses.kv_layout"  # metadata read by nbresponses.runtime.runner
-END_PADDED_IN_PLACE = "end-padded-in-place"  # rows padded at the end; past and present shared
-# the same buffers, written at position_ids by standard-op attention (``attention.py``): any
-# number of new tokens per row in any batch; the past buffers must have room for them
-SCATTER_IN_PLACE = "scatter-in-place"
 ATTENTION_KINDS = ("ops", "gqa")
 MAX_POSITIONS = "nbresponses.max_positions"  # metadata: positions the rotary tables cover
-LOGITS_TO_KEEP = "num_logits_to_keep"  # optional input [1]: logits of the last N positions
 SUPPORTED_TYPES = tuple(ARCHITECTURES)
 
 
@@ -74,8 +75,6 @@ def load_source_model(source: Any) -> Any:
     """The source's PyTorch model in fp32 (GGUF files are dequantized by transformers)."""
     import torch
     from transformers import AutoModelForCausalLM
-
-    from nbresponses.models.export import quiet_export
 
     with quiet_export():
         if source.gguf_file is not None:
@@ -193,8 +192,6 @@ class _NBitsGraph(_Graph):
 
     def _quantize(self, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if self._quantizer is None:
-            from nbresponses.models.export import quiet_export
-
             with quiet_export():  # its import configures logging; quiet_export undoes that
                 from onnxruntime.quantization import QuantFormat
                 from onnxruntime.quantization.matmul_nbits_quantizer import (

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from nbresponses.models.errors import RecipeError
-from nbresponses.models.fused import KV_LAYOUT, SCATTER_IN_PLACE
+from nbresponses.models.graph_contract import KV_LAYOUT, SCATTER_IN_PLACE
 
 LENS_FILE = "lens.onnx"
 LENS_VERSION = "1"  # bump when the variant changes: a kept lens.onnx of another version is rebuilt

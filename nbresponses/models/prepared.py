@@ -10,6 +10,7 @@ from typing import Any
 
 from nbresponses.models.errors import ModelSourceError
 from nbresponses.models.recipes import MODEL_FILE
+from nbresponses.models.tokenizer import StoredTokenizer
 
 
 @dataclass(frozen=True)
@@ -69,8 +70,6 @@ class PreparedModel:
         """The (repaired) tokenizer saved next to the model, with its chat template: read with
         ``tokenizers`` alone when it has a ``tokenizer.json`` (no transformers import, ~3 s
         less per load; see ``tokenizer.py``), else with transformers."""
-        from nbresponses.models.tokenizer import StoredTokenizer
-
         stored = StoredTokenizer.load(self.path)
         if stored is not None:
             return stored

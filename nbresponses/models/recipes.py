@@ -16,8 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from nbresponses.models import fused
 from nbresponses.models.cpu import has_vnni
 from nbresponses.models.errors import RecipeError
+from nbresponses.models.smoothing import Smoothing, activation_peaks
 
 MODEL_FILE = "model.onnx"
 
@@ -180,8 +182,6 @@ def fused_graph(bits: int | None) -> Callable[[Any, Path], None]:
     """
 
     def build(source: Any, target: Path) -> None:
-        from nbresponses.models import fused
-
         fused_supported(source)
         weights = target.with_name(target.name + ".data")  # written as the graph is built
         fused.save_model(fused.build_fused_model(source.model, bits=bits, weights=weights), target)
@@ -191,9 +191,6 @@ def fused_graph(bits: int | None) -> Callable[[Any, Path], None]:
 
 def fused_integer(source: Any, target: Path) -> None:
     """The fused graph with exact integer matrix products (``fused._IntegerGraph``)."""
-    from nbresponses.models import fused
-    from nbresponses.models.smoothing import Smoothing, activation_peaks
-
     fused_supported(source)
     smoothing = Smoothing(activation_peaks(source.model, source.tokenizer))
     weights = target.with_name(target.name + ".data")
@@ -208,8 +205,6 @@ def fused_integer(source: Any, target: Path) -> None:
 
 
 def fused_supported(source: Any) -> None:
-    from nbresponses.models import fused
-
     fused.check_supported(source.config)
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from nbresponses.models.fidelity_set import Sample, _chat
+from nbresponses.models.fidelity_set import Sample, _chat, reference_spans
 
 ALPHA = 0.5  # SmoothQuant's default: the difficulty split evenly between activations and weights
 
@@ -122,8 +122,6 @@ def activation_peaks(
     """max |x| per input channel of each smoothed linear, over the calibration conversations,
     from the fp32 PyTorch model (forward pre-hooks on its projections)."""
     import torch
-
-    from nbresponses.models.fidelity import reference_spans
 
     inputs: dict[str, Any] = {}
     for i, layer in enumerate(model.model.layers):

@@ -21,6 +21,7 @@ import numpy as np
 
 from nbresponses.models.cpu import physical_cores
 from nbresponses.models.export import fix_generation_config, load_tokenizer, quiet_export
+from nbresponses.models.fused import load_source_model
 from nbresponses.models.gguf_once import parsed_once
 from nbresponses.models.sources import ModelSource
 
@@ -66,8 +67,6 @@ class SourceModel:
     @cached_property
     def model(self) -> Any:
         """The fp32 ``…ForCausalLM`` in eval mode, its eos / pad ids the tokenizer's."""
-        from nbresponses.models.fused import load_source_model
-
         model = load_source_model(self.source)
         tokenizer = self.tokenizer
         for config in (model.config, model.generation_config):

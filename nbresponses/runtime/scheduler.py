@@ -465,7 +465,7 @@ class Scheduler:
             kept, done = self._accept(request, draft, logits[i])
             if draft:
                 assert isinstance(self.kv, EndPaddedKV)
-                self._record(request, len(draft), kept)
+                self._count_drafts(request, len(draft), kept)
                 # the last token and the kept drafts are in the cache; the rest are overwritten
                 self.kv.truncate(i, lengths[i] + 1 + kept)
             if done:
@@ -532,7 +532,7 @@ class Scheduler:
         return kept, False
 
     @staticmethod
-    def _record(request: GenerateRequest, drafted: int, kept: int) -> None:
+    def _count_drafts(request: GenerateRequest, drafted: int, kept: int) -> None:
         assert request.drafter is not None
         request.drafter.record(drafted, kept)
         stats = request.stats

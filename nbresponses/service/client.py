@@ -29,6 +29,7 @@ from nbresponses.protocol.request import CreateRequest, given, parse_create, sam
 from nbresponses.service.chat import AsyncChat
 from nbresponses.service.completions import AsyncCompletions
 from nbresponses.service.database import RUNNING, StorePath, open_database
+from nbresponses.service.function_tools import run_tools
 from nbresponses.service.record import Record
 from nbresponses.service.run import Generation, ResponseRun
 from nbresponses.service.store import STORE_DEFAULTS, ResponseStore
@@ -357,7 +358,7 @@ class AsyncResponses:
 
     # -- retrieve, cancel, delete ---------------------------------------------------------
 
-    def _record(self, response_id: str) -> Record:
+    def _stored(self, response_id: str) -> Record:
         record = self._client.store.get(response_id)
         if record is None:
             raise response_not_found(response_id)
@@ -374,7 +375,7 @@ class AsyncResponses:
         **transport: Any,
     ) -> Response | ResponseEventStream:
         """The stored response; with ``stream=True`` (background only) its events after N."""
-        record = self._record(response_id)
+        record = self._stored(response_id)
         if given(include) and include:
             raise unsupported("include", "logprobs are kept when the create asked for them.")
         if not stream:
@@ -397,7 +398,7 @@ class AsyncResponses:
 
     async def cancel(self, response_id: str, **transport: Any) -> Response:
         """Cancel a background response: status ``cancelled``, partial output kept; idempotent."""
-        record = self._record(response_id)
+        record = self._stored(response_id)
         if not record.background:
             raise bad_request("Cannot cancel a synchronous response.", param="response_id")
         record.run.cancel()
@@ -406,7 +407,7 @@ class AsyncResponses:
 
     async def delete(self, response_id: str, **transport: Any) -> None:
         """Forget a stored response (a running one is cancelled first)."""
-        record = self._record(response_id)
+        record = self._stored(response_id)
         record.run.cancel()
         await record.run.wait()
         self._client.store.remove(response_id)
@@ -444,8 +445,6 @@ class AsyncResponses:
 
         See ``nbresponses.service.function_tools.run_tools``.
         """
-        from nbresponses.service.function_tools import run_tools
-
         return await run_tools(self, tools=tools, max_turns=max_turns, **kwargs)
 
 

@@ -1,53 +1,38 @@
-"""Logprobs of given text: a scoring is a Response whose output tokens were given, not generated.
+"""Logprobs of given token ids in this kernel: what every scoring is made of.
 
-``Scorer.score`` tokenizes what it is given (raw text, or a chat conversation rendered by the
-model's family), asks the token source for the logprob of every given token, and returns an
-``openai.types.responses.Response`` whose output text carries them, so every frame, the heat
-map and ``perplexity`` read it unchanged. Its metadata marks it (``traffic.events.
-GIVEN_METADATA``); each logprob entry also carries the token's exact ``rank`` in the vocabulary
-and the ``entropy`` of the distribution it was drawn from (extra fields of OpenAI's type).
+A scoring is a Response whose output tokens were given, not generated. ``Scorer`` asks the
+token source for the logprob (with its exact ``rank`` and the ``entropy`` of its distribution)
+of every given token after a context, and ``scoring_response`` wraps them in an
+``openai.types.responses.Response`` marked as given (``traffic.events.GIVEN_METADATA``), so
+every frame, the heat map and ``perplexity`` read it unchanged. The analyses
+(``nbresponses.analysis``: text to ids, multiple choice, divergence, word starts) and the
+Completions endpoint's prompt logprobs (``service/completions.py``) are built on it.
 
-Two ways to compute, both deterministic (a function of the text alone):
+Two ways to compute, both deterministic (a function of the ids alone):
 
-- ``method="decode"`` (default): the given tokens are forced through the same decode steps a
+- ``method="prefill"`` (the default everywhere: ``DEFAULT_METHOD``): every position in
+  prefill runs of 256 tokens, many tokens per run (the fast way to score a corpus). On the
+  fused recipes (the default 8-bit one, ``analysis``) these are the very bits a decode step
+  gives (docs/concepts/determinism.md).
+- ``method="decode"``: the given tokens are forced through the same decode steps a
   generation takes (``SamplingParams.forced_tokens``), batched with whatever else runs: the
-  logprobs of a text the model generated are bit for bit those it streamed.
-- ``method="prefill"``: every position in prefill runs of 256 tokens, many tokens per run
-  (the fast way to score a corpus). ONNX Runtime sums a prefill position in another order
-  than a decode step: on fp32 weights the two agree to ~1e-6; the 8-bit default's int8
-  activations amplify that to ~0.05 nats on average (docs/concepts/determinism.md).
+  logprobs of a generated text are bit for bit those it streamed on every recipe, and a
+  source without prefill scoring (``ScoringSource``) can still score.
 
-What is scored: with ``continuation``, its tokens, after the prompt (raw text, or a chat
-prompt ending with the assistant's opening); a conversation ending with an assistant turn
-scores that turn; plain text scores every token, after one end-of-text token (there is no
-start-of-text to predict the first token from otherwise: lm-evaluation-harness does the same).
 Text longer than the context is scored in windows of the context length (less one): the first
 scores its tokens from the start, each later one the next half-context, conditioned on the
-half-context before it.
-
-With ``word_starts=True`` each entry also carries ``word_start_logmass``: log of the
-probability, at that position, of any token that starts a word (whitespace first, or
-end-of-text), and the last entry ``word_start_logmass_after``, the same after the last token
-(one more step, on an end-of-text token): what ``words_frame(..., bow_correction=True)`` needs
-(``service/word_starts.py``). It needs the full distributions, which only the in-kernel
-engine gives: a remote scorer (``service/remote.py``) refuses it.
-
-``ScorerBase`` holds what every scorer (this kernel's ``Scorer``, a server's ``RemoteScorer``)
-builds on its ``score``: ``choose`` / ``choose_many`` (``service/choice.py``), ``score_many``
-and ``score_frame``. ``windows``, ``given_logprob`` and ``scoring_response`` are shared with
-the Completions endpoint (``service/completions.py``) and the remote scorer, so a scoring has
-one shape wherever it is computed.
+half-context before it (``windows``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
+import numpy as np
 from openai.types.responses import (
     Response,
     ResponseOutputMessage,
@@ -59,7 +44,6 @@ from openai.types.responses.response_usage import InputTokensDetails, OutputToke
 
 from nbresponses.families.base import Family
 from nbresponses.protocol.ids import new_id
-from nbresponses.protocol.request import parse_create
 from nbresponses.tokens.contract import (
     SamplingParams,
     ScoringSource,
@@ -69,10 +53,24 @@ from nbresponses.tokens.contract import (
 )
 from nbresponses.traffic.events import GIVEN_METADATA
 
-from .word_starts import word_start_logmass, word_start_mask
+Method = Literal["prefill", "decode"]
+METHODS: tuple[Method, ...] = ("prefill", "decode")
+DEFAULT_METHOD: Method = "prefill"  # one default for every scoring, local or remote
 
-Method = Literal["decode", "prefill"]
-METHODS = ("decode", "prefill")
+
+def check_method(method: object) -> None:
+    """A scoring method is one of ``METHODS``; anything else is the caller's mistake."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+
+
+@dataclass(frozen=True)
+class PerPosition:
+    """A float to keep of each scored position's full distribution (``name``: the logprob
+    entry's extra field; ``reduce``: log-softmax vector -> float)."""
+
+    name: str
+    reduce: Callable[[np.ndarray], float]
 
 
 @dataclass(frozen=True)
@@ -83,253 +81,106 @@ class Scoring:
     given: list[int]
 
 
-class ScorerBase:
-    """What every scorer offers on top of its own ``score``: multiple choice, and many texts,
-    batched, in order."""
-
-    async def score(
-        self,
-        text: str | Sequence[Any],
-        continuation: str | None = None,
-        *,
-        chat: bool | None = None,
-        top_logprobs: int = 0,
-        method: Any = "decode",
-        word_starts: bool = False,
-    ) -> Response:
-        raise NotImplementedError
-
-    async def choose(
-        self,
-        prompt: str | Sequence[Any],
-        options: Sequence[str],
-        *,
-        chat: bool | None = None,
-        method: Any = "decode",
-        unconditional: str | None = None,
-    ) -> Any:
-        """Each option scored as the continuation of ``prompt``, all at once (they share the
-        prompt's prefix), read into ``option_likelihoods``' frame: the summed logprob, its
-        lm-evaluation-harness normalisations and, with ``unconditional``, PMI
-        (``service/choice.py``)."""
-        from .choice import choose
-
-        return await choose(
-            self, prompt, options, chat=chat, method=method, unconditional=unconditional
-        )
-
-    async def choose_many(self, questions: Any, **options: Any) -> Any:
-        """``choose`` over a DataFrame of questions (``service.choice.choose_many``)."""
-        from .choice import choose_many
-
-        return await choose_many(self, questions, **options)
-
-    async def score_frame(self, texts: Sequence[Any], **options: Any) -> Any:
-        """``score_many`` into one ``logprobs_frame``, with a ``document`` column (the index
-        of each token's text in ``texts``)."""
-        from nbresponses.frames import logprobs_frame
-
-        scorings = [s async for s in self.score_many(texts, **options)]
-        ids = {s.id: i for i, s in enumerate(scorings)}
-        frame = logprobs_frame(scorings)
-        frame.insert(0, "document", frame["response_id"].astype(str).map(ids).astype("int64"))
-        return frame
-
-    async def score_many(
-        self,
-        texts: Iterable[str | Sequence[Any] | tuple[str, str]],
-        *,
-        chat: bool | None = None,
-        top_logprobs: int = 0,
-        method: Any = "decode",
-        concurrency: int = 8,
-        progress: bool = True,
-        word_starts: bool = False,
-    ) -> AsyncIterator[Response]:
-        """Score each text (or ``(prompt, continuation)`` pair), ``concurrency`` at a time so
-        the engine batches them, and yield the scorings in input order. Memory stays bounded
-        by ``concurrency``; leaving the loop early cancels what is still being scored."""
-        if concurrency < 1:
-            raise ValueError("concurrency must be >= 1")
-        from tqdm.auto import tqdm  # the engine extra's
-
-        items = iter(texts)
-        total = len(texts) if hasattr(texts, "__len__") else None  # type: ignore[arg-type]
-        bar = tqdm(total=total, unit="text", desc="scoring", disable=not progress)
-        pending: list[asyncio.Task[Response]] = []
-
-        def start_next() -> bool:
-            try:
-                item = next(items)
-            except StopIteration:
-                return False
-            options: dict[str, Any] = {"chat": chat, "top_logprobs": top_logprobs,
-                                       "method": method, "word_starts": word_starts}  # fmt: skip
-            if isinstance(item, tuple):
-                job = self.score(item[0], item[1], **options)
-            else:
-                job = self.score(item, **options)
-            pending.append(asyncio.ensure_future(job))
-            return True
-
-        try:
-            while len(pending) < concurrency and start_next():
-                pass
-            while pending:
-                result = await pending.pop(0)
-                bar.update(1)
-                start_next()
-                yield result
-        finally:
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)  # their rows are freed
-            bar.close()
-
-
-class Scorer(ScorerBase):
-    """Scores given text on a token source with a model family's tokenization."""
+class Scorer:
+    """Scores given token ids on a token source; the family reads the ids back to text."""
 
     def __init__(self, source: TokenSource, family: Family, *, model: str) -> None:
         self.source = source
         self.family = family
         self.model = model
 
-    # -- what to score -----------------------------------------------------------------------
-
-    def prepare(
-        self,
-        text: str | Sequence[Any],
-        continuation: str | None = None,
-        *,
-        chat: bool | None = None,
-    ) -> Scoring:
-        """Token ids of the context and of the text to score (see the module docstring)."""
-        messages = not isinstance(text, str)
-        chat = messages if chat is None else chat
-        if messages and not chat:
-            raise ValueError("a list of messages is scored with its chat template: chat=True")
-        if chat:
-            history: list[Any] = (
-                [{"role": "user", "content": text}] if isinstance(text, str) else list(text)
-            )
-            if continuation is None:
-                last = history[-1] if history else {}
-                role = last.get("role") if isinstance(last, dict) else getattr(last, "role", None)
-                if role != "assistant":
-                    raise ValueError(
-                        "nothing to score: give a continuation, or end the conversation with "
-                        "an assistant turn"
-                    )
-                content = last.get("content") if isinstance(last, dict) else last.content
-                if not isinstance(content, str):
-                    raise ValueError("the scored assistant turn must be plain text")
-                continuation, history = content, history[:-1]
-            req = parse_create({"input": history}, model=self.model)
-            prompt = self.family.render(req, req.input).ids
-            return Scoring(list(prompt), self.family.encode(continuation))
-        assert isinstance(text, str)
-        if continuation is None:
-            return Scoring([self._document_start()], self.family.encode(text))
-        # an empty context is the end-of-text token alone (lm-evaluation-harness does the same)
-        context = self.family.encode(text) or [self._document_start()]
-        return Scoring(context, self.family.encode(continuation))
-
-    def _document_start(self) -> int:
+    def document_start(self) -> int:
+        """The token plain text is scored after (there is no start-of-text to predict the first
+        token from otherwise: lm-evaluation-harness does the same)."""
         eos = list(self.source.eos_token_ids)
         if not eos:
             raise ValueError("scoring plain text needs an end-of-text token to start from")
         return int(eos[0])
-
-    # -- scoring -----------------------------------------------------------------------------
-
-    async def score(
-        self,
-        text: str | Sequence[Any],
-        continuation: str | None = None,
-        *,
-        chat: bool | None = None,
-        top_logprobs: int = 0,
-        method: Method = "decode",
-        word_starts: bool = False,
-    ) -> Response:
-        """A Response whose output text holds the given tokens with their logprobs."""
-        return await self.score_tokens(
-            self.prepare(text, continuation, chat=chat),
-            top_logprobs=top_logprobs,
-            method=method,
-            word_starts=word_starts,
-        )
 
     async def score_tokens(
         self,
         job: Scoring,
         *,
         top_logprobs: int = 0,
-        method: Method = "decode",
-        word_starts: bool = False,
+        method: Method = DEFAULT_METHOD,
+        per_position: PerPosition | None = None,
     ) -> Response:
-        """Score ``job.given`` after ``job.prompt`` (token ids), as ``score`` does."""
+        """A scoring Response of ``job.given`` after ``job.prompt``. With ``per_position``
+        (a name and a function of a position's full log-softmax to one float), each entry also
+        carries that float under the name, and the last one ``<name>_after``, the same one
+        step after the last token (on an end-of-text token)."""
         started = time.time()
-        logprobs, cached, masses = await self._logprobs(job, top_logprobs, method, word_starts)
+        reduce = per_position.reduce if per_position is not None else None
+        logprobs, cached, values = await self.logprobs_and(job, top_logprobs, method, reduce)
         extras: list[dict[str, float]] | None = None
-        if word_starts:  # one mass per given token, and the one after the last
-            extras = [{"word_start_logmass": m} for m in masses[: len(job.given)]]
-            extras[-1]["word_start_logmass_after"] = masses[-1]
+        if per_position is not None:  # one value per given token, and the one after the last
+            extras = [{per_position.name: v} for v in values[: len(job.given)]]
+            extras[-1][per_position.name + "_after"] = values[-1]
         return self._response(job, logprobs, method, started, cached, extras)
 
     async def logprobs(
-        self, job: Scoring, *, top_logprobs: int = 0, method: Method = "decode"
+        self, job: Scoring, *, top_logprobs: int = 0, method: Method = DEFAULT_METHOD
     ) -> tuple[list[TokenIdLogprob], int]:
         """The engine's logprob (with rank and entropy) of each of ``job.given``, and how many
         context tokens came from the prefix cache: what every scoring, over any API, is made
         of (the Completions API's prompt logprobs too)."""
-        logprobs, cached, _ = await self._logprobs(job, top_logprobs, method, False)
+        logprobs, cached, _ = await self.logprobs_and(job, top_logprobs, method, None)
         return logprobs, cached
 
-    async def _logprobs(
-        self, job: Scoring, top_logprobs: int, method: Method, word_starts: bool
+    async def logprobs_and(
+        self,
+        job: Scoring,
+        top_logprobs: int,
+        method: Method,
+        reduce: Callable[[np.ndarray], float] | None,
     ) -> tuple[list[TokenIdLogprob], int, list[float]]:
-        """``logprobs``, and with ``word_starts`` the word-start log-mass of each position and
-        of the one after the last given token (one more step, on an end-of-text token)."""
-        if method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        """``logprobs``, and with ``reduce`` one float of each position's full distribution and
+        of the one after the last given token (one more step, on an end-of-text token): the
+        distributions are reduced as they arrive, never all held."""
+        check_method(method)
         if not job.given:
             raise ValueError("nothing to score: the text has no tokens")
         logprobs: list[TokenIdLogprob] = []
-        masses: list[float] = []
-        mask = None
+        values: list[float] = []
         run = job
-        if word_starts:  # one more position: the distribution after the last given token
-            run = Scoring(job.prompt, [*job.given, self._document_start()])
+        if reduce is not None:  # one more position: the distribution after the last given token
+            run = Scoring(job.prompt, [*job.given, self.document_start()])
         cached = 0
-        for prompt, given in self._windows(run):
-            steps = self._steps(prompt, given, top_logprobs, method, word_starts)
+        for prompt, given in windows(run, self.source.context_length):
+            steps = self._steps(prompt, given, top_logprobs, method, reduce is not None)
             async for step in steps:
                 if step.finish_reason in ("error", "cancelled"):
                     raise RuntimeError(f"scoring ended: {step.error or step.finish_reason}")
                 if step.stats is not None:
                     cached += step.stats.cached_tokens
                 for lp in step.logprobs or ():
-                    if word_starts:  # keep one float, never the whole distribution
+                    if reduce is not None:  # keep one float, never the whole distribution
                         if lp.distribution is None:
-                            raise ValueError(
-                                f"word_starts=True needs the full distributions, which "
-                                f"{type(self.source).__name__} does not give"
-                            )
-                        if mask is None:
-                            vocab = len(lp.distribution)
-                            eos_ids = self.source.eos_token_ids
-                            mask = word_start_mask(self.family, vocab, eos_ids)
-                        masses.append(word_start_logmass(lp.distribution, mask))
+                            raise ValueError(self._no_distributions())
+                        values.append(reduce(lp.distribution))
                         lp = dataclasses.replace(lp, distribution=None)
                     logprobs.append(lp)
         if len(logprobs) != len(run.given):
             raise RuntimeError(f"scored {len(logprobs)} of {len(run.given)} tokens")
-        return logprobs[: len(job.given)], cached, masses
+        return logprobs[: len(job.given)], cached, values
 
-    def _windows(self, job: Scoring) -> Iterable[tuple[list[int], list[int]]]:
-        return windows(job, self.source.context_length)
+    async def distributions(
+        self, context: list[int], given: list[int], method: Method = DEFAULT_METHOD
+    ) -> list[TokenIdLogprob]:
+        """Each of ``given`` after ``context`` with its full next-token distribution (one
+        window: the caller keeps ``context + given`` within the context length)."""
+        check_method(method)
+        out: list[TokenIdLogprob] = []
+        async for step in self._steps(context, given, 0, method, True):
+            if step.finish_reason in ("error", "cancelled"):
+                raise RuntimeError(f"scoring ended: {step.error or step.finish_reason}")
+            out.extend(step.logprobs or ())
+        if len(out) != len(given) or any(lp.distribution is None for lp in out):
+            raise ValueError(self._no_distributions())
+        return out
+
+    def _no_distributions(self) -> str:
+        return f"{type(self.source).__name__} does not give the full distributions"
 
     def _steps(
         self,
@@ -432,7 +283,7 @@ def given_logprob(
     extra: Mapping[str, float] | None = None,
 ) -> Logprob:
     """OpenAI's logprob entry with our extra fields (the type keeps them): rank and entropy,
-    and any ``extra`` ones (``word_start_logmass``: ``word_starts=True``)."""
+    and any ``extra`` ones (a ``PerPosition`` value: ``word_start_logmass``)."""
     return Logprob.model_validate(
         {
             "token": token,

@@ -12,15 +12,22 @@ from typing import Any
 # (response, base_url or None) -> anything; called once per finished response
 Recorder = Callable[[Any, "str | None"], object]
 _RECORDERS: list[Recorder] = []
+_FALLBACK: list[Recorder] = []  # asked only while no recorder is registered
 
 
-def register_recorder(recorder: Recorder) -> None:
-    if recorder not in _RECORDERS:
-        _RECORDERS.append(recorder)
+def register_recorder(recorder: Recorder, *, fallback: bool = False) -> None:
+    """``fallback``: the package's lazy recorder (``nbresponses/__init__.py``), which loads the
+    store's own on first use, whatever module ``show`` was imported from."""
+    chosen = _FALLBACK if fallback else _RECORDERS
+    if recorder not in chosen:
+        chosen.append(recorder)
 
 
 def keep_shown(response: Any, base_url: str | None) -> None:
     """Hand ``response`` to the recorders; a failure warns and never breaks the view."""
+    if not _RECORDERS and _FALLBACK:
+        _FALLBACK[0](response, base_url)
+        return
     if not _RECORDERS:
         warnings.warn(
             "record=True keeps responses in the history, which needs nbresponses[engine] "

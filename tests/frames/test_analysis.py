@@ -11,8 +11,8 @@ from helpers.frames import logprob, message, response
 from nbresponses.frames import (
     classification_confidence,
     logprobs_frame,
-    logprobs_heatmap,
     perplexity,
+    plot_logprobs,
     sequence_logprob,
 )
 from nbresponses.frames._colors import VIRIDIS_ANCHORS, text_colors, viridis
@@ -86,7 +86,7 @@ def test_viridis_hits_its_anchors_and_interpolates() -> None:
 def test_heatmap_colours_tokens_by_probability_and_escapes_html() -> None:
     entries = [logprob("<b>", L(0.99)), logprob(" x", L(0.01))]
     r = response(message([entries]))
-    html = logprobs_heatmap(r).to_html()
+    html = plot_logprobs(r).to_html()
     assert "&lt;b&gt;" in html and "<b>" not in html
     assert "␣x" in html
     probs = logprobs_frame(r)["prob"].tolist()
@@ -98,5 +98,5 @@ def test_heatmap_colours_tokens_by_probability_and_escapes_html() -> None:
 
 def test_heatmap_caps_rows() -> None:
     entries = [logprob(str(i), -0.1) for i in range(10)]
-    styler = logprobs_heatmap(response(message([entries])), max_rows=3)
+    styler = plot_logprobs(response(message([entries])), max_rows=3)
     assert len(styler.data) == 3

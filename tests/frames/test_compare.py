@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from helpers.frames import logprob, message, response
 
-from nbresponses.frames import compare
+from nbresponses.frames import compare_scorings as compare
 
 
 def _scoring(pieces: list[tuple[str | bytes, float]]) -> object:

@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 import nbresponses as nbr  # noqa: E402
-from nbresponses.frames import compare, option_likelihoods  # noqa: E402
+from nbresponses.frames import compare_scorings, option_likelihoods  # noqa: E402
 
 PIECES = [("The", -1.0), (" gar", -2.0), ("den", -0.5), (" path", -3.0)]
 
@@ -65,7 +65,7 @@ def test_divergence_and_options() -> None:
         ]
     )
     b = _scoring([("x", -1.5), ("y", -2.0)])
-    comparison = compare(a, b)
+    comparison = compare_scorings(a, b)
     comparison["kl"] = [0.25, 0.0]
     ax = nbr.plot_divergence(comparison)
     assert _heights(ax) == [0.25, 0.0] and ax.get_ylabel().startswith("kl")

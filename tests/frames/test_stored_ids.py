@@ -80,8 +80,8 @@ READERS: dict[str, Callable[..., Any]] = {
     "classification_confidence": frames.classification_confidence,
     "words_frame": frames.words_frame,
     "span_surprisal": lambda obj, **kw: frames.span_surprisal(obj, 0, 3, **kw),
-    "logprobs_heatmap": lambda obj, **kw: frames.logprobs_heatmap(obj, **kw).data,
-    "compare": lambda obj, **kw: frames.compare(obj, obj, **kw),
+    "plot_logprobs": lambda obj, **kw: frames.plot_logprobs(obj, **kw).data,
+    "compare_scorings": lambda obj, **kw: frames.compare_scorings(obj, obj, **kw),
     "option_likelihoods": lambda obj, **kw: frames.option_likelihoods(obj, ["p", "r"], **kw),
     "multiple_choice_frame": lambda obj, **kw: frames.multiple_choice_frame(
         [(obj, ["p", "r"], 0, None)], **kw

@@ -127,7 +127,7 @@ async def test_the_engine_lens_frame_and_heat_map(tiny_fused, tokenizer):
     """``Engine.logit_lens``: a frame whose last layer is the model's own distribution (the
     logprobs ``score`` gives the same tokens), and its heat map."""
     from nbresponses.engine import Engine
-    from nbresponses.frames import LENS_COLUMNS, lens_heatmap, logprobs_frame
+    from nbresponses.frames import LENS_COLUMNS, logprobs_frame, plot_lens
     from nbresponses.runtime.generator import TokenGenerator
 
     text = "The capital of France is Paris."
@@ -143,7 +143,7 @@ async def test_the_engine_lens_frame_and_heat_map(tiny_fused, tokenizer):
     assert (last["next_rank"].to_numpy() == scored["rank"].to_numpy()).all()
     assert np.abs(frame.loc[frame["layer"] == 2, "kl"]).max() < 1e-5
     assert frame["next_prob"].iloc[count - 1] != frame["next_prob"].iloc[count - 1]  # NaN: last
-    html = lens_heatmap(frame).to_html()
+    html = plot_lens(frame).to_html()
     assert (
         html.count("<td ") == 3 * count and "background-color: #" in html and "logit lens" in html
     )

@@ -78,7 +78,6 @@ async def test_scoring_on_fp32_matches_pytorch(bundled_fp32, bundled_analysis, t
     """Scorings of a given text on fp32 weights (the Optimum export and the analysis recipe)
     agree with PyTorch's log-softmax within 1e-4 per token."""
     from nbresponses.engine import Engine
-    from nbresponses.service.scoring import Scorer
 
     text = (
         "The Seine flows through Paris and into the English Channel at Le Havre. Its basin "
@@ -86,9 +85,8 @@ async def test_scoring_on_fp32_matches_pytorch(bundled_fp32, bundled_analysis, t
     )
     for prepared in (bundled_fp32, bundled_analysis):
         async with Engine(TokenGenerator(prepared)) as engine:
-            scorer = Scorer(engine.generator, engine.client().family, model=engine.model)
-            job = scorer.prepare(text)
-            scoring = await scorer.score_tokens(job, method=method)
+            job = await engine.scoring.prepare(text)
+            scoring = await engine.scoring.score(job, method=method)
             ours = np.array([lp.logprob for lp in scoring.output[0].content[0].logprobs])
         reference = torch_logprobs(torch_model, job.prompt, job.given)
         want = reference[np.arange(len(job.given)), job.given]

@@ -15,14 +15,13 @@ from nbresponses.families.harmony.vocab import (
     build_vocab_file,
     missing_vocab_message,
 )
+from nbresponses.models.cache import cache_root
 
 CACHE_SUBDIR = "harmony"
 
 
 def vocab_folder(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """Our cached vocabulary folder (built from quicktok on first use)."""
-    from nbresponses.models.cache import cache_root
-
     return build_vocab_file(cache_root(cache_dir) / CACHE_SUBDIR).parent
 
 

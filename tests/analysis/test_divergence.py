@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from nbresponses.service.divergence import token_divergence
+from nbresponses.analysis.divergence import token_divergence
 
 
 def test_token_divergence_against_torch_kl_div() -> None:

@@ -152,7 +152,7 @@ def agreement(near: list[Any], far: list[Any]) -> dict[str, Any]:
 async def test_score_gives_the_kernels_tokens_and_logprobs_within_bf16_noise(vllm, kernel, remote):
     family = kernel.client().family
     with vllm.awake():
-        far_ids = [await remote._scorer.tokenize(t) for t in TEXTS]  # vLLM's /tokenize
+        far_ids = [await remote.scoring.tokenize(t) for t in TEXTS]  # vLLM's /tokenize
         far = [await remote.score(t, top_logprobs=TOP) for t in TEXTS]
     near = [await kernel.score(t, top_logprobs=TOP, method="prefill") for t in TEXTS]
     assert far_ids == [family.encode(t) for t in TEXTS]
@@ -238,7 +238,7 @@ async def test_a_character_split_across_tokens(vllm, kernel, remote):
     the tokens join to is the same."""
     text = "Crème brûlée in Zürich costs 12 €. 日本語"
     with vllm.awake():
-        far_ids = await remote._scorer.tokenize(text)
+        far_ids = await remote.scoring.tokenize(text)
         far = await remote.score(text, top_logprobs=1)
     near = await kernel.score(text, top_logprobs=1, method="prefill")
     assert far_ids == kernel.client().family.encode(text)

@@ -12,9 +12,10 @@ from helpers.engine import PROMPTS, chat_ids
 from helpers.server import eventually
 
 import nbresponses as nbr
+from nbresponses.analysis.local import LocalBackend
 from nbresponses.engine import Engine
 from nbresponses.runtime.generator import TokenGenerator
-from nbresponses.service.scoring import Scorer, Scoring
+from nbresponses.service.scoring import DEFAULT_METHOD, Scorer, Scoring, windows
 from nbresponses.tokens.contract import SamplingParams
 from nbresponses.tokens.scripted import ScriptedTokenSource
 
@@ -44,7 +45,7 @@ async def test_forcing_a_generation_reproduces_its_logprobs_bit_for_bit(engine, 
     generated = [t for s in steps for t in s.token_ids if t not in engine.generator.eos_token_ids]
     streamed = [lp for s in steps for lp in s.logprobs][: len(generated)]
     scorer = Scorer(engine.generator, engine.client().family, model=engine.model)
-    scoring = await scorer.score_tokens(Scoring(prompt, generated), top_logprobs=3)
+    scoring = await scorer.score_tokens(Scoring(prompt, generated), top_logprobs=3, method="decode")
     got = scoring.output[0].content[0].logprobs
     assert [lp.logprob for lp in got] == [lp.logprob for lp in streamed]
     assert [[t.logprob for t in lp.top_logprobs] for lp in got] == [
@@ -58,7 +59,9 @@ async def test_scoring_an_answer_through_the_api_equals_its_stream(engine):
     answer = await engine.client().responses.create(
         input="Say hello.", temperature=0, max_output_tokens=10, **LOGPROBS
     )
-    scored = await engine.score("Say hello.", answer.output_text, chat=True, top_logprobs=3)
+    scored = await engine.score(
+        "Say hello.", answer.output_text, chat=True, top_logprobs=3, method="decode"
+    )
     got, want = nbr.logprobs_frame(scored), nbr.logprobs_frame(answer)
     if list(got.token.astype(str)) == list(want.token.astype(str)):  # the text re-tokenizes alike
         assert list(got.logprob) == list(want.logprob)
@@ -69,7 +72,7 @@ async def test_scoring_an_answer_through_the_api_equals_its_stream(engine):
 
 async def test_prefill_and_decode_agree_on_fp32_and_are_each_repeatable(engine):
     text = "The sea was calm. " * 12
-    decode = await engine.score(text, top_logprobs=2)
+    decode = await engine.score(text, top_logprobs=2, method="decode")
     prefill = await engine.score(text, top_logprobs=2, method="prefill")
     again = await engine.score(text, top_logprobs=2, method="prefill")
     a, b = nbr.logprobs_frame(decode), nbr.logprobs_frame(prefill)
@@ -77,7 +80,7 @@ async def test_prefill_and_decode_agree_on_fp32_and_are_each_repeatable(engine):
     # fp32 rounding only (this tiny model's logits are large: relative 1e-5)
     np.testing.assert_allclose(a.logprob, b.logprob, rtol=1e-5, atol=1e-5)
     assert _entries(prefill) == _entries(again)
-    diff = nbr.compare(decode, prefill, names=("decode", "prefill"))
+    diff = nbr.compare_scorings(decode, prefill, names=("decode", "prefill"))
     relative = diff["dlogprob"].abs() / diff["logprob_decode"].abs().clip(lower=1)
     assert len(diff) == len(a) and relative.max() < 1e-5
     assert diff["argmax_agree"].mean() > 0.9 and (diff["topk_kl"].dropna() < 1e-3).all()
@@ -88,16 +91,16 @@ async def test_long_text_is_scored_in_windows(engine):
     context = engine.generator.context_length
     tokens = [int(t) for t in np.random.default_rng(0).integers(100, 4000, size=context + 300)]
     job = Scoring([int(engine.generator.eos_token_ids[0])], tokens)
-    windows = list(scorer._windows(job))
-    assert sum(len(g) for _, g in windows) == len(tokens)
-    assert all(len(p) + len(g) < context for p, g in windows)
-    assert all(len(p) == (context - 1) // 2 for p, _ in windows[1:])  # half a context before
+    parts = list(windows(job, context))
+    assert sum(len(g) for _, g in parts) == len(tokens)
+    assert all(len(p) + len(g) < context for p, g in parts)
+    assert all(len(p) == (context - 1) // 2 for p, _ in parts[1:])  # half a context before
     scoring = await scorer.score_tokens(job, method="prefill")
     assert len(scoring.output[0].content[0].logprobs) == len(tokens)
     # a later window's tokens score as that window alone does
-    prompt, given = windows[1]
+    prompt, given = parts[1]
     alone = await scorer.score_tokens(Scoring(prompt, given), method="prefill")
-    first = len(windows[0][1])
+    first = len(parts[0][1])
     assert [lp.logprob for lp in scoring.output[0].content[0].logprobs[first:][: len(given)]] == [
         lp.logprob for lp in alone.output[0].content[0].logprobs
     ]
@@ -142,9 +145,10 @@ async def test_bad_requests_say_what_to_do(engine, tokenizer):
         await engine.score([{"role": "user", "content": "hi"}], chat=False)
     with pytest.raises(ValueError, match="assistant turn"):
         await engine.score([{"role": "user", "content": "hi"}])
-    scripted = Scorer(ScriptedTokenSource([[1]]), engine.client().family, model="m")
+    scripted = LocalBackend(ScriptedTokenSource([[1]]), engine.client().family, model="m")
     with pytest.raises(ValueError, match="method='decode'"):
-        await scripted.score("some text", method="prefill")
+        await scripted.score_text("some text")  # the default, prefill, needs a ScoringSource
+    assert DEFAULT_METHOD == "prefill"
     with pytest.raises(ValueError, match="forced tokens"):
         SamplingParams(max_tokens=3, forced_tokens=(1, 2))
         from nbresponses.runtime import sampling
@@ -276,13 +280,13 @@ async def test_scoring_a_response_reproduces_its_stream_bit_for_bit(engine, temp
     assert _entries(again) == _entries(answer)
     both = await engine.score([answer, answer])
     assert [_entries(s) for s in both] == [_entries(answer)] * 2
-    diff = nbr.compare(answer, scored)
+    diff = nbr.compare_scorings(answer, scored)
     assert (diff.dlogprob == 0).all() and len(diff) == len(want)
     # the text re-encoded: maybe other tokens; compare then refuses instead of mis-joining
     text = await engine.score("Tell me about the sea.", answer.output_text, chat=True)
     if list(nbr.logprobs_frame(text).bytes) != list(want.bytes):
         with pytest.raises(ValueError, match=r"differ at token \d+.*engine.score\(response\)"):
-            nbr.compare(answer, text)
+            nbr.compare_scorings(answer, text)
 
 
 async def test_scoring_a_response_says_what_it_needs(engine):
@@ -316,7 +320,7 @@ async def test_full_vocabulary_comparison_matches_torch_kl_div(
     other = Engine(TokenGenerator(tiny_fused_q4, tokenizer=tokenizer), store_path="off")
     try:
         texts = ["The sea was calm and the boat was slow.", "One two three four five six."]
-        frame = await engine.compare(other, texts, names=("fp32", "q4"), chunk=5, progress=False)
+        frame = await engine.divergence(other, texts, names=("fp32", "q4"), chunk=5, progress=False)
         # b's own distributions, from its engine; a's reference from PyTorch fp32
         eos = int(engine.generator.eos_token_ids[0])
         model = AutoModelForCausalLM.from_pretrained(str(tiny_source)).eval()
@@ -342,7 +346,7 @@ async def test_full_vocabulary_comparison_matches_torch_kl_div(
             np.testing.assert_allclose(rows.dp, np.exp(q4.logprob) - np.exp(alone.logprob))
         summary = nbr.divergence_summary(frame, names=("fp32", "q4"))
         assert summary["n"] == len(frame) and summary["kld_mean"] == pytest.approx(frame.kl.mean())
-        same = await engine.compare(engine, texts[:1], progress=False)
+        same = await engine.divergence(engine, texts[:1], progress=False)
         assert (same.kl == 0).all() and same.argmax_agree.all()
     finally:
         await other.aclose()
@@ -359,7 +363,7 @@ async def test_a_response_rescored_on_another_recipe_lines_up(engine, tiny_fused
         from_store = await other.score(answer)  # the conversation read from the shared store
         given = await other.score(answer, input=question)
         assert _entries(from_store) == _entries(given)
-        rows = nbr.compare(answer, from_store, names=("fp32", "q4"))
+        rows = nbr.compare_scorings(answer, from_store, names=("fp32", "q4"))
         assert list(rows.token) == list(nbr.logprobs_frame(answer).token.astype(str))
         assert from_store.model == other.model and (rows.dlogprob != 0).any()
     finally:

@@ -9,7 +9,7 @@ import pytest
 from helpers.server import ThreadedServer
 
 import nbresponses as nbr
-from nbresponses.service.remote import RemoteEngine, _from_echo, _from_prompt_logprobs
+from nbresponses.analysis.remote import RemoteEngine, _from_echo, _from_prompt_logprobs
 
 pytestmark = pytest.mark.timeout(180)
 TEXTS = ["The sea was calm and the sky was grey.", "Two plus two is four.", "Hello there"]
@@ -33,7 +33,8 @@ def entries(scoring):
 
 
 async def test_remote_scorings_are_the_kernels(fused_engine, remote):
-    assert await remote.model() == fused_engine.model  # the server's first model, asked for
+    assert await remote.scoring.resolve_model() == fused_engine.model
+    assert remote.model == fused_engine.model  # the server's first model, asked for
     local = await fused_engine.score(TEXTS[0], top_logprobs=3, method="prefill")
     far = await remote.score(TEXTS[0], top_logprobs=3)
     assert entries(far) == entries(local)  # logprob, rank, entropy, alternatives: all equal
@@ -122,7 +123,7 @@ async def test_errors_reach_the_caller(fused_engine, remote):
         await wrong.score("Hello")
     await wrong.aclose()
     with pytest.raises(ValueError, match="full distribution"):  # word_starts: the kernel's
-        [s async for s in remote._scorer.score_many(TEXTS, word_starts=True, progress=False)]
+        [s async for s in remote.score_many(TEXTS, word_starts=True, progress=False)]
     answer = await fused_engine.score("Hello there")
     with pytest.raises(ValueError, match="in the kernel"):
         await remote.score(answer)

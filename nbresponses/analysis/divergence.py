@@ -18,12 +18,15 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from tqdm.auto import tqdm
 
+from nbresponses.frames.divergence import divergence_frame
+from nbresponses.service.scoring import DEFAULT_METHOD, Method, Scoring, windows
 from nbresponses.tokens.contract import TokenIdLogprob
 
-from .scoring import Method, Scorer, Scoring
+from .backend import ScoringBackend
 
-__all__ = ["compare_engines", "token_divergence"]
+__all__ = ["divergence", "token_divergence"]
 
 
 def token_divergence(
@@ -42,32 +45,13 @@ def token_divergence(
     return kl, rank_p, rank_q, int(np.argmax(log_p)) == int(np.argmax(log_q))
 
 
-async def _distributions(
-    scorer: Scorer, context: list[int], given: list[int], method: Method
-) -> list[TokenIdLogprob]:
-    out: list[TokenIdLogprob] = []
-    steps = scorer._steps(context, given, 0, method, True)
-    async for step in steps:
-        if step.finish_reason in ("error", "cancelled"):
-            raise RuntimeError(f"scoring ended: {step.error or step.finish_reason}")
-        out.extend(step.logprobs or ())
-    if len(out) != len(given) or any(lp.distribution is None for lp in out):
-        raise ValueError(
-            f"{type(scorer.source).__name__} did not give the full distributions of "
-            f"{len(given)} tokens"
-        )
-    return out
-
-
-def _rows(
-    scorer: Scorer,
+def _add_rows(
+    rows: dict[str, list[Any]],
+    backend: ScoringBackend,
     a: list[TokenIdLogprob],
     b: list[TokenIdLogprob],
-    names: tuple[str, str],
-) -> dict[str, list[Any]]:
-    x, y = names
-    columns = ["token", f"logprob_{x}", f"logprob_{y}", f"rank_{x}", f"rank_{y}", "kl"]
-    rows: dict[str, list[Any]] = {k: [] for k in [*columns, "argmax_agree"]}
+) -> None:
+    """Each token's numbers; the distributions themselves are not kept."""
     for la, lb in zip(a, b, strict=True):
         if la.distribution.shape != lb.distribution.shape:
             raise ValueError(
@@ -75,72 +59,63 @@ def _rows(
                 " tokens): compare engines with the same tokenizer"
             )
         kl, rank_a, rank_b, same = token_divergence(la.distribution, lb.distribution, la.token_id)
-        rows["token"].append(scorer.family.token_logprob(la).token)
-        rows[f"logprob_{x}"].append(la.logprob)
-        rows[f"logprob_{y}"].append(lb.logprob)
-        rows[f"rank_{x}"].append(rank_a)
-        rows[f"rank_{y}"].append(rank_b)
+        rows["token"].append(backend.token_text(la))
+        rows["logprob_a"].append(la.logprob)
+        rows["logprob_b"].append(lb.logprob)
+        rows["rank_a"].append(rank_a)
+        rows["rank_b"].append(rank_b)
         rows["kl"].append(kl)
         rows["argmax_agree"].append(same)
-    return rows
 
 
-async def compare_engines(
-    a: Scorer,
-    b: Scorer,
+async def divergence(
+    a: ScoringBackend,
+    b: ScoringBackend,
     texts: Iterable[str],
     *,
     names: tuple[str, str] = ("a", "b"),
-    method: Method = "prefill",
+    method: Method = DEFAULT_METHOD,
     chunk: int = 256,
     progress: bool = True,
 ) -> pd.DataFrame:
     """One row per scored token of every text (plain text after an end-of-text token, as
     ``score`` does): ``document``, ``position``, ``token``, ``logprob_<a>`` / ``logprob_<b>``,
     ``dlogprob``, ``dp`` (p_b − p_a of the token), ``rank_<a>`` / ``rank_<b>`` (exact, over the
-    vocabulary), ``kl`` = KL(a ‖ b) over the whole vocabulary (nats) and ``argmax_agree``.
-    ``nbr.divergence_summary`` turns it into llama.cpp's report."""
+    vocabulary), ``kl`` = KL(a ‖ b) over the whole vocabulary (nats) and ``argmax_agree``
+    (``frames.divergence.divergence_frame``). ``nbr.divergence_summary`` turns it into
+    llama.cpp's report."""
     if chunk < 1:
         raise ValueError("chunk must be >= 1")
-    from tqdm.auto import tqdm
-
     items: Sequence[str] = texts if isinstance(texts, Sequence) else list(texts)
-    x, y = names
-    frames = []
+    columns = ["document", "position", "token", "logprob_a", "logprob_b", "rank_a", "rank_b"]
+    rows: dict[str, list[Any]] = {k: [] for k in [*columns, "kl", "argmax_agree"]}
     bar = tqdm(total=len(items), unit="text", desc="comparing", disable=not progress)
     try:
         for document, text in enumerate(items):
-            ids = a.family.encode(text)
-            if ids != b.family.encode(text):
+            ids = await a.tokenize(text)
+            if ids != await b.tokenize(text):
                 raise ValueError(
                     f"text {document} tokenizes differently on the two engines: compare "
                     "engines with the same tokenizer"
                 )
             if not ids:
                 continue
-            job = Scoring([a._document_start()], ids)
+            job = Scoring([a.document_start()], ids)
             position = 0
-            for context, given in a._windows(job):
+            for context, given in windows(job, a.context_length):
                 for start in range(0, len(given), chunk):
                     ctx, part = [*context, *given[:start]], given[start : start + chunk]
                     da, db = await asyncio.gather(
-                        _distributions(a, ctx, part, method), _distributions(b, ctx, part, method)
+                        a.distributions(ctx, part, method), b.distributions(ctx, part, method)
                     )
-                    rows = _rows(a, da, db, names)
+                    _add_rows(rows, a, da, db)
                     del da, db  # the distributions go: only the per-token numbers stay
-                    frame = pd.DataFrame(rows)
-                    frame.insert(0, "position", np.arange(position, position + len(part)))
-                    frame.insert(0, "document", document)
+                    rows["document"].extend([document] * len(part))
+                    rows["position"].extend(range(position, position + len(part)))
                     position += len(part)
-                    frames.append(frame)
             bar.update(1)
     finally:
         bar.close()
-    if not frames:
+    if not rows["token"]:
         raise ValueError("no tokens to compare")
-    out = pd.concat(frames, ignore_index=True)
-    out["dlogprob"] = out[f"logprob_{y}"] - out[f"logprob_{x}"]
-    out["dp"] = np.exp(out[f"logprob_{y}"]) - np.exp(out[f"logprob_{x}"])
-    order = ["document", "position", "token", f"logprob_{x}", f"logprob_{y}", "dlogprob", "dp"]
-    rest = [c for c in out.columns if c not in order]
-    return out[order + rest]
+    return divergence_frame(rows, names=names)

@@ -5,8 +5,9 @@ answer can re-encode to 41 tokens), so ``score(prompt, r.output_text)`` may scor
 than those generated and its rows no longer line up. Here the tokens come from the Response's
 logprob entries (their bytes, mapped back to ids with this engine's vocabulary) and the prompt
 is rebuilt from the conversation it answered (this engine's store, or ``input=`` given), so
-the scoring has one row per generated token. On the engine that generated it, with the default
-``method="decode"``, the logprobs are the ones it streamed, bit for bit.
+the scoring has one row per generated token (``LocalBackend.own_tokens``; ``Analyses.score``
+scores them). On the engine that generated it the logprobs are the ones it streamed, bit for
+bit (with ``method="decode"`` on every recipe; with the default, prefill, on the fused ones).
 """
 
 from __future__ import annotations
@@ -19,12 +20,10 @@ from openai.types.responses import Response
 
 from nbresponses.families.base import Family
 from nbresponses.protocol.request import parse_create
+from nbresponses.service.store import ResponseStore
 from nbresponses.tokens.contract import TokenIdLogprob
 
-from .scoring import Method, Scorer, Scoring
-from .store import ResponseStore
-
-__all__ = ["generated_ids", "prompt_ids", "score_response"]
+__all__ = ["generated_ids", "prompt_ids"]
 
 _VOCABS: weakref.WeakKeyDictionary[Any, dict[int, dict[bytes, list[int]]]] = (
     weakref.WeakKeyDictionary()
@@ -134,32 +133,3 @@ def prompt_ids(
             f"{expected}: give the exact input it answered (engine.score(response, input=...))"
         )
     return ids
-
-
-async def score_response(
-    scorer: Scorer,
-    store: ResponseStore | None,
-    response: Response,
-    *,
-    input: Any = None,
-    top_logprobs: int | None = None,
-    method: Method = "decode",
-) -> Response:
-    """A scoring of the response's own tokens after its own prompt (one row per generated
-    token; ``top_logprobs`` defaults to the response's)."""
-    vocab = _vocab_size(scorer)
-    ids = generated_ids(scorer.family, vocab, response)
-    prompt = prompt_ids(scorer.family, store, response, input=input, model=scorer.model)
-    top = response.top_logprobs or 0 if top_logprobs is None else top_logprobs
-    return await scorer.score_tokens(Scoring(prompt, ids), top_logprobs=top, method=method)
-
-
-def _vocab_size(scorer: Scorer) -> int:
-    """The ids to map: the model's logits width, else the family tokenizer's length."""
-    size = getattr(getattr(scorer.source, "runner", None), "vocab_size", None)
-    if size is None:
-        tokenizer = getattr(scorer.family, "tokenizer", None)
-        if tokenizer is None:
-            raise ValueError("cannot tell this model's vocabulary size to map tokens to ids")
-        size = len(tokenizer)
-    return int(size)

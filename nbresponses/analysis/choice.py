@@ -4,8 +4,8 @@ neutral context), batched, into the frames of ``nbresponses.frames.choice``.
 The options of one question are submitted together, so they run in one batch and share the
 question's prompt through the prefix cache; several questions run ``concurrency`` at a time.
 The unconditional scorings depend on the option text alone: each distinct option is scored
-after the neutral context once. Any scorer will do (``ScorerBase``): this kernel's, or a
-server's (``nbr.RemoteEngine``, whose ``method`` None is the server's own way).
+after the neutral context once. Any backend will do (``ScoringBackend``): this kernel's, or a
+server's (``nbr.RemoteEngine``).
 """
 
 from __future__ import annotations
@@ -15,10 +15,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
+from tqdm.auto import tqdm
 
 from nbresponses.frames.choice import multiple_choice_frame, option_likelihoods
+from nbresponses.service.scoring import DEFAULT_METHOD, Method
 
-from .scoring import Method, ScorerBase
+from .backend import ScoringBackend
 
 __all__ = ["choose", "choose_many"]
 
@@ -27,30 +29,38 @@ class _Unconditional:
     """Scorings of options after the neutral context, each distinct option once."""
 
     def __init__(
-        self, scorer: ScorerBase, context: str, chat: bool | None, method: Method | None
+        self, backend: ScoringBackend, context: str, chat: bool | None, method: Method
     ) -> None:
-        self.scorer, self.context, self.chat, self.method = scorer, context, chat, method
+        self.backend, self.context, self.chat, self.method = backend, context, chat, method
         self._tasks: dict[str, asyncio.Future[Any]] = {}
 
     async def of(self, options: Sequence[str]) -> list[Any]:
         for option in options:
             if option not in self._tasks:
                 self._tasks[option] = asyncio.ensure_future(
-                    self.scorer.score(self.context, option, chat=self.chat, method=self.method)
+                    self.backend.score_text(
+                        self.context, option, chat=self.chat, method=self.method
+                    )
                 )
         return list(await asyncio.gather(*(self._tasks[o] for o in options)))
 
 
+def _neutral(
+    backend: ScoringBackend, context: str | None, chat: bool | None, method: Method
+) -> _Unconditional | None:
+    return None if context is None else _Unconditional(backend, context, chat, method)
+
+
 async def _score_question(
-    scorer: ScorerBase,
+    backend: ScoringBackend,
     prompt: Any,
     options: Sequence[str],
     chat: bool | None,
-    method: Method | None,
+    method: Method,
     unconditional: _Unconditional | None,
 ) -> tuple[list[Any], list[Any] | None]:
     conditional = asyncio.gather(
-        *(scorer.score(prompt, option, chat=chat, method=method) for option in options)
+        *(backend.score_text(prompt, option, chat=chat, method=method) for option in options)
     )
     if unconditional is None:
         return list(await conditional), None
@@ -59,31 +69,33 @@ async def _score_question(
 
 
 async def choose(
-    scorer: ScorerBase,
+    backend: ScoringBackend,
     prompt: Any,
     options: Sequence[str],
     *,
     chat: bool | None = None,
-    method: Method | None = "decode",
+    method: Method = DEFAULT_METHOD,
     unconditional: str | None = None,
 ) -> pd.DataFrame:
     """``option_likelihoods`` of ``options`` after ``prompt`` (with ``unconditional``: also
     after that neutral context, for PMI)."""
     options = list(options)
-    neutral = None if unconditional is None else _Unconditional(scorer, unconditional, chat, method)
-    scorings, alone = await _score_question(scorer, prompt, options, chat, method, neutral)
+    neutral = (
+        None if unconditional is None else _Unconditional(backend, unconditional, chat, method)
+    )
+    scorings, alone = await _score_question(backend, prompt, options, chat, method, neutral)
     return option_likelihoods(scorings, options, unconditional=alone)
 
 
 async def choose_many(
-    scorer: ScorerBase,
+    backend: ScoringBackend,
     questions: pd.DataFrame,
     *,
     question: str = "question",
     options: str = "options",
     answer: str | None = "answer",
     chat: bool | None = None,
-    method: Method | None = "decode",
+    method: Method = DEFAULT_METHOD,
     unconditional: str | None = None,
     concurrency: int = 4,
     progress: bool = True,
@@ -93,8 +105,6 @@ async def choose_many(
     a missing column or value means unknown). Indexed by (the questions' index, option_index)."""
     if concurrency < 1:
         raise ValueError("concurrency must be >= 1")
-    from tqdm.auto import tqdm
-
     for column in (question, options):
         if column not in questions:
             raise ValueError(f"the questions frame has no column {column!r}")
@@ -103,13 +113,15 @@ async def choose_many(
         if answer is not None and answer in questions
         else [None] * len(questions)
     )
-    neutral = None if unconditional is None else _Unconditional(scorer, unconditional, chat, method)
+    neutral = (
+        None if unconditional is None else _Unconditional(backend, unconditional, chat, method)
+    )
     gate = asyncio.Semaphore(concurrency)
     bar = tqdm(total=len(questions), unit="question", desc="choosing", disable=not progress)
 
     async def one(prompt: Any, opts: Sequence[str]) -> tuple[list[Any], list[Any] | None]:
         async with gate:
-            result = await _score_question(scorer, prompt, list(opts), chat, method, neutral)
+            result = await _score_question(backend, prompt, list(opts), chat, method, neutral)
         bar.update(1)
         return result
 
@@ -122,17 +134,12 @@ async def choose_many(
         )
     finally:
         bar.close()
-    frame = multiple_choice_frame(
+    return multiple_choice_frame(
         [
             (scorings, list(opts), gold, alone)
             for (scorings, alone), opts, gold in zip(
                 results, questions[options], answers, strict=True
             )
-        ]
+        ],
+        labels=questions.index,
     )
-    labels = questions.index.to_numpy()[frame.index.get_level_values("question")]
-    frame.index = pd.MultiIndex.from_arrays(
-        [labels, frame.index.get_level_values("option_index")],
-        names=[questions.index.name or "question", "option_index"],
-    )
-    return frame

@@ -1,7 +1,7 @@
 """Scoring on a server: the same scorings as ``engine.score``, computed where the model runs.
 
 Any server that returns prompt logprobs through the Completions API will do: ``nbresponses
-serve`` and vLLM. ``RemoteScorer`` tokenizes through the server's ``/tokenize`` (vLLM's
+serve`` and vLLM. ``RemoteBackend`` tokenizes through the server's ``/tokenize`` (vLLM's
 route, which ``nbresponses serve`` serves too), so the ids scored are the ones that server's
 model reads, then posts the ids with ``echo=True, max_tokens=0`` and vLLM's
 ``prompt_logprobs`` and builds the Response-shaped scoring the frames read. vLLM sends each
@@ -9,19 +9,20 @@ token's rank and no entropy; ``nbresponses serve`` sends both; a server that onl
 OpenAI's ``echo`` + ``logprobs`` gives logprobs and alternatives, and the frames leave rank and
 entropy empty.
 
-What is scored mirrors ``Scorer.prepare``: plain text after one start token (the end-of-text
-token the local engine uses; ``document_start``), or a continuation after its prompt (an
-empty prompt, e.g. ``choose(..., unconditional="")``'s neutral context, is that start token
-alone, as in the kernel). Chat conversations need the server's chat template, which the
-Completions API does not expose; ``word_starts=True`` needs every token's probability, which
-no Completions server sends: both stay in the kernel.
+What is scored is decided once for every backend (``ScoringBackend.prepare``): plain text after
+one start token (the end-of-text token the local engine uses; ``document_start``), or a
+continuation after its prompt (an empty prompt is that start token alone). Chat conversations
+need the server's chat template, which the Completions API does not expose; ``word_starts=True``
+and the divergence need every token's probability, which no Completions server sends: they
+stay in the kernel (``nbr.Engine``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -31,12 +32,17 @@ from openai.types.responses import Response
 from openai.types.responses.response_output_text import Logprob, LogprobTopLogprob
 
 from nbresponses.service.scoring import (
-    ScorerBase,
+    DEFAULT_METHOD,
+    Method,
     Scoring,
+    check_method,
     given_logprob,
     scoring_response,
     windows,
 )
+
+from .analyses import Analyses
+from .backend import ScoringBackend
 
 
 def token_bytes(token: str) -> list[int]:
@@ -51,8 +57,8 @@ def token_bytes(token: str) -> list[int]:
     return list(token.encode("utf-8", "surrogatepass"))
 
 
-class RemoteScorer(ScorerBase):
-    """Scores given text on a Completions server (``base_url`` ends in ``/v1``)."""
+class RemoteBackend(ScoringBackend):
+    """Scores on a Completions server (``base_url`` ends in ``/v1``)."""
 
     def __init__(
         self,
@@ -67,7 +73,7 @@ class RemoteScorer(ScorerBase):
         self.base_url = base_url.rstrip("/")
         root = self.base_url.removesuffix("/v1")
         self._model = model
-        self.document_start = document_start
+        self._document_start = document_start
         self.openai = openai.AsyncOpenAI(
             base_url=self.base_url,
             api_key=api_key or "nbresponses-remote",
@@ -82,7 +88,22 @@ class RemoteScorer(ScorerBase):
     def host(self) -> str:
         return urlsplit(self.base_url).netloc
 
-    async def model(self) -> str:
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return f"the server at {self.host}"
+
+    @property
+    def model(self) -> str | None:
+        """The model asked for: the one given, else the server's first once it was asked."""
+        return self._model
+
+    @property
+    def context_length(self) -> int:
+        if self._context_length is None:
+            raise ValueError(f"{self.name} did not say its context length (vLLM's /tokenize)")
+        return self._context_length
+
+    async def resolve_model(self) -> str:
         """The model asked for: the one given, else the server's first (``/v1/models``)."""
         if self._model is None:
             async with self._lock:
@@ -95,69 +116,48 @@ class RemoteScorer(ScorerBase):
 
     async def tokenize(self, text: str) -> list[int]:
         """The server's ids for ``text``, no special tokens added (vLLM's ``/tokenize``)."""
-        body = {"model": await self.model(), "prompt": text, "add_special_tokens": False}
+        body = {"model": await self.resolve_model(), "prompt": text, "add_special_tokens": False}
         # through the SDK (its key, retries and error classes); the route is at the root
         data = await self.openai.post(self._root + "/tokenize", body=body, cast_to=dict)
         if isinstance(data.get("max_model_len"), int):
             self._context_length = data["max_model_len"]
         return [int(t) for t in data["tokens"]]
 
-    async def prepare(self, text: str | Sequence[Any], continuation: str | None = None) -> Scoring:
-        if isinstance(text, Response) or (
-            isinstance(text, list) and text and all(isinstance(r, Response) for r in text)
-        ):
+    def document_start(self) -> int:
+        if self._document_start is None:
             raise ValueError(
-                "a Response's own tokens are scored in the kernel (engine.score(response) on "
-                "nbr.Engine): they are read back to ids with the engine's vocabulary"
+                "scoring plain text (or after an empty prompt) needs a start token to predict "
+                "the first token from: give document_start= (the model's end-of-text id; what "
+                "the local engine uses), or score a (prompt, continuation) pair"
             )
-        if not isinstance(text, str):
-            raise ValueError(
-                "remote scoring reads plain text: a conversation needs the server's chat "
-                "template, which the Completions API does not expose (render it to text)"
-            )
-        if continuation is None:
-            if self.document_start is None:
-                raise ValueError(
-                    "scoring plain text needs a start token to predict the first token from: "
-                    "give document_start= (the model's end-of-text id; what the local engine "
-                    "uses), or score a (prompt, continuation) pair"
-                )
-            return Scoring([self.document_start], await self.tokenize(text))
-        prompt, given = await asyncio.gather(self.tokenize(text), self.tokenize(continuation))
-        if not prompt:  # an empty context is the start token alone (as ``Scorer.prepare``)
-            if self.document_start is None:
-                raise ValueError(
-                    "an empty prompt needs a start token to predict the continuation from: "
-                    "give document_start= (the model's end-of-text id; what the local engine "
-                    "uses)"
-                )
-            prompt = [self.document_start]
-        return Scoring(prompt, given)
+        return self._document_start
+
+    async def render_chat(self, history: list[Any]) -> list[int]:
+        raise ValueError(
+            "remote scoring reads plain text: a conversation needs the server's chat "
+            "template, which the Completions API does not expose (render it to text)"
+        )
 
     async def score(
         self,
-        text: str | Sequence[Any],
-        continuation: str | None = None,
+        job: Scoring,
         *,
-        chat: bool | None = None,
         top_logprobs: int = 0,
-        method: Any = None,
+        method: Method = DEFAULT_METHOD,
         word_starts: bool = False,
     ) -> Response:
-        """A scoring of ``continuation`` after ``text`` (or of plain ``text``), as
-        ``engine.score`` makes it; ``method`` goes to ``nbresponses serve`` as
-        ``score_method`` (None: the server's default; vLLM has one way)."""
-        if chat:
-            raise ValueError("remote scoring reads plain text (chat=True needs the template)")
+        """A scoring of ``job.given`` after ``job.prompt``, as ``engine.score`` makes it;
+        ``method="decode"`` goes to ``nbresponses serve`` as ``score_method`` (prefill, the
+        default, is what every Completions server computes prompt logprobs with)."""
+        check_method(method)
         if word_starts:
             raise ValueError(
                 "word_starts=True needs each position's full distribution, which the "
                 "Completions API does not send: score in the kernel (nbr.Engine)"
             )
-        started = time.time()
-        job = await self.prepare(text, continuation)
         if not job.given:
             raise ValueError("nothing to score: the text has no tokens")
+        started = time.time()
         entries: list[Logprob] = []
         cached = 0
         context = self._context_length or len(job.prompt) + len(job.given) + 1
@@ -165,10 +165,10 @@ class RemoteScorer(ScorerBase):
             got, hit = await self._score_window(prompt, given, top_logprobs, method)
             entries += got
             cached += hit
-        metadata = {"nbresponses.method": method or "server", "nbresponses.server": self.host}
+        metadata = {"nbresponses.method": method, "nbresponses.server": self.host}
         return scoring_response(
-            await self.model(),
-            continuation if continuation is not None else str(text),
+            await self.resolve_model(),
+            bytes(b for e in entries for b in e.bytes or ()).decode("utf-8", "replace"),
             entries,
             prompt_tokens=len(job.prompt),
             cached_tokens=cached,
@@ -177,13 +177,13 @@ class RemoteScorer(ScorerBase):
         )
 
     async def _score_window(
-        self, prompt: list[int], given: list[int], top: int, method: Any
+        self, prompt: list[int], given: list[int], top: int, method: Method
     ) -> tuple[list[Logprob], int]:
         extra: dict[str, Any] = {"prompt_logprobs": top}
-        if method is not None:
+        if method != DEFAULT_METHOD:
             extra["score_method"] = method
         completion = await self.openai.completions.create(
-            model=await self.model(),
+            model=await self.resolve_model(),
             prompt=[*prompt, *given],
             max_tokens=0,
             echo=True,
@@ -260,15 +260,16 @@ def _from_echo(choice: CompletionChoice, start: int, end: int, k: int) -> list[L
     return entries
 
 
-class RemoteEngine:
-    """A model running on a server, with ``Engine``'s scoring methods and clients.
+class RemoteEngine(Analyses):
+    """A model running on a server, with ``Engine``'s analyses and clients.
 
     ``nbr.RemoteEngine("http://127.0.0.1:8000/v1")`` in place of ``await nbr.Engine.load()``:
-    ``score``, ``choose``, ``choose_many``, ``score_many`` and ``score_frame`` return the same
-    scorings and frames, computed by ``nbresponses serve`` or vLLM; ``client()`` is an
-    ``openai.AsyncOpenAI`` on that server (its ``responses`` mirror ``engine.client()``'s).
-    What needs the model in the kernel stays on ``Engine``: chat scoring, ``word_starts``,
-    scoring a Response's own tokens and ``compare`` over the full vocabulary.
+    ``score``, ``choose``, ``choose_many``, ``score_many`` and ``score_frame`` (inherited from
+    ``Analyses``, as ``Engine``'s are) return the same scorings and frames, computed by
+    ``nbresponses serve`` or vLLM; ``client()`` is an ``openai.AsyncOpenAI`` on that server
+    (its ``responses`` mirror ``engine.client()``'s). What needs the model in the kernel
+    stays on ``Engine``: chat scoring, ``word_starts``, scoring a Response's own tokens,
+    ``divergence`` over the full vocabulary and the logit lens (here they say so).
     """
 
     def __init__(
@@ -285,7 +286,7 @@ class RemoteEngine:
         model's end-of-text id); ``model``: by default the server's first."""
         self.base_url = base_url.rstrip("/")
         self._api_key = api_key
-        self._scorer = RemoteScorer(
+        self.scoring: RemoteBackend = RemoteBackend(
             self.base_url,
             model=model,
             api_key=api_key,
@@ -294,13 +295,15 @@ class RemoteEngine:
             max_retries=max_retries,
         )
 
-    async def model(self) -> str:
-        """The model's name on the server."""
-        return await self._scorer.model()
+    @property
+    def model(self) -> str | None:
+        """The model's name on the server: the one given, else the server's first once the
+        first request has asked (``await engine.scoring.resolve_model()`` asks now)."""
+        return self.scoring.model
 
     def client(self) -> openai.AsyncOpenAI:
         """The server's API through the openai SDK (``client.responses.create(...)``)."""
-        return self._scorer.openai
+        return self.scoring.openai
 
     def openai(self, *, sync: bool = False, **options: Any) -> openai.AsyncOpenAI | openai.OpenAI:
         """A fresh openai SDK client on the server (``openai.OpenAI`` with ``sync=True``)."""
@@ -308,92 +311,16 @@ class RemoteEngine:
         options.setdefault("api_key", self._api_key or "nbresponses-remote")
         return openai.OpenAI(**options) if sync else openai.AsyncOpenAI(**options)
 
-    async def score(
-        self,
-        text: str | Sequence[Any],
-        continuation: str | None = None,
-        *,
-        chat: bool | None = None,
-        top_logprobs: int = 0,
-        method: Any = None,
-    ) -> Response:
-        """As ``Engine.score`` (plain text or a continuation; ``method`` None: the server's
-        own way, "prefill" on ``nbresponses serve``)."""
-        return await self._scorer.score(
-            text, continuation, chat=chat, top_logprobs=top_logprobs, method=method
-        )
-
-    async def choose(
-        self,
-        prompt: str | Sequence[Any],
-        options: Sequence[str],
-        *,
-        chat: bool | None = None,
-        method: Any = None,
-        unconditional: str | None = None,
-    ) -> Any:
-        """As ``Engine.choose``: each option's likelihood after ``prompt``, as a frame, with
-        lm-evaluation-harness's normalisations (and PMI after ``unconditional``)."""
-        return await self._scorer.choose(
-            prompt, options, chat=chat, method=method, unconditional=unconditional
-        )
-
-    async def choose_many(
-        self,
-        questions: Any,
-        *,
-        question: str = "question",
-        options: str = "options",
-        answer: str | None = "answer",
-        chat: bool | None = None,
-        method: Any = None,
-        unconditional: str | None = None,
-        concurrency: int = 4,
-        progress: bool = True,
-    ) -> Any:
-        """As ``Engine.choose_many``: one row per (question, option) with every score and
-        ``correct``, for ``nbr.choice_accuracy``."""
-        return await self._scorer.choose_many(
-            questions,
-            question=question,
-            options=options,
-            answer=answer,
-            chat=chat,
-            method=method,
-            unconditional=unconditional,
-            concurrency=concurrency,
-            progress=progress,
-        )
-
-    def score_many(
-        self,
-        texts: Any,
-        *,
-        chat: bool | None = None,
-        top_logprobs: int = 0,
-        method: Any = None,
-        concurrency: int = 8,
-        progress: bool = True,
-    ) -> Any:
-        """As ``Engine.score_many``: ``concurrency`` requests in flight, scorings in order."""
-        return self._scorer.score_many(
-            texts,
-            chat=chat,
-            top_logprobs=top_logprobs,
-            method=method,
-            concurrency=concurrency,
-            progress=progress,
-        )
-
-    async def score_frame(self, texts: Sequence[Any], **options: Any) -> Any:
-        """As ``Engine.score_frame``: one ``logprobs_frame`` with a ``document`` column."""
-        options.setdefault("method", None)
-        return await self._scorer.score_frame(texts, **options)
-
     async def aclose(self) -> None:
-        await self._scorer.aclose()
+        """Close the connection to the server."""
+        await self.scoring.aclose()
 
-    close = aclose
+    def close(self) -> Any:
+        """Deprecated: ``aclose`` (``close`` is synchronous elsewhere: the clients')."""
+        warnings.warn(
+            "await engine.close() is now await engine.aclose()", DeprecationWarning, stacklevel=2
+        )
+        return self.aclose()
 
     async def __aenter__(self) -> RemoteEngine:
         return self
@@ -402,4 +329,4 @@ class RemoteEngine:
         await self.aclose()
 
     def __repr__(self) -> str:
-        return f"<nbr.RemoteEngine {self._scorer._model or '(first model)'} at {self.base_url}>"
+        return f"<nbr.RemoteEngine {self.model or '(first model)'} at {self.base_url}>"
