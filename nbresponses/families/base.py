@@ -55,6 +55,10 @@ class OutputReader(Protocol):
         ...
 
 
+# What makes the output reader of one response (``RenderedPrompt.output_reader``).
+ReaderFactory = Callable[[EventBuilder], OutputReader]
+
+
 @dataclass(frozen=True)
 class RenderedPrompt:
     """Prompt ids, the ids that end generation, how to read what the model writes, and the
@@ -62,8 +66,13 @@ class RenderedPrompt:
 
     ids: list[int]
     stop_token_ids: tuple[int, ...]
-    output_reader: Callable[[EventBuilder], OutputReader]
+    output_reader: ReaderFactory
     constraint: ConstraintFactory | None = None
+
+
+# An output-reader factory made from a rendered prompt, in place of its own (the Chat
+# Completions adapter wraps the family's to count the tokens as they come).
+ReaderWrap = Callable[[RenderedPrompt], ReaderFactory]
 
 
 class Family(Protocol):

@@ -24,26 +24,49 @@ import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import ResponseFunctionToolCall
 
-from nbresponses.families.base import Family, OutputReader, RenderedPrompt
+from nbresponses.families.base import (
+    Family,
+    OutputReader,
+    ReaderFactory,
+    ReaderWrap,
+    RenderedPrompt,
+)
 from nbresponses.protocol import chat as shapes
 from nbresponses.protocol import completions as completion_shapes
 from nbresponses.protocol.chat import ChatRequest, FinishReason, ToolCall
 from nbresponses.protocol.completions import TokenEntry
 from nbresponses.protocol.errors import server_error
 from nbresponses.protocol.events import EventBuilder, TokenLogprob
-from nbresponses.protocol.generation import check_token_ids
+from nbresponses.protocol.generation import Sampling, check_token_ids
+from nbresponses.protocol.request import CreateRequest
 from nbresponses.service.run import ResponseRun
 from nbresponses.service.scoring import Scoring
-from nbresponses.tokens.contract import TokenIdLogprob
+from nbresponses.tokens.contract import TokenIdLogprob, TokenSource
 
 if TYPE_CHECKING:
-    from nbresponses.service.client import AsyncResponses, ReaderFactory
     from nbresponses.service.completions import AsyncCompletions
+
+
+class ResponseStarter(Protocol):
+    """What the adapter needs of ``client.responses`` (``AsyncResponses``): the token source
+    and a run started from a validated request. A protocol, so that the client, which holds
+    this adapter as ``client.chat``, is not imported back here."""
+
+    @property
+    def source(self) -> TokenSource: ...
+
+    def start(
+        self,
+        req: CreateRequest,
+        *,
+        sampling: Sampling | None = None,
+        reader: ReaderWrap | None = None,
+    ) -> ResponseRun: ...
 
 
 class _Counter:
@@ -369,7 +392,7 @@ async def _fold(choice: _Choice) -> Any:
 class AsyncChatCompletions:
     """``client.chat.completions``: ``create`` as ``openai.AsyncOpenAI().chat.completions``."""
 
-    def __init__(self, responses: AsyncResponses, completions: AsyncCompletions) -> None:
+    def __init__(self, responses: ResponseStarter, completions: AsyncCompletions) -> None:
         self._responses = responses
         self._completions = completions  # the scorer and vocabulary the Completions API reads
         self.model = completions.model
@@ -442,7 +465,7 @@ class AsyncChatCompletions:
 class AsyncChat:
     """``client.chat``, holding ``completions`` as the SDK does."""
 
-    def __init__(self, responses: AsyncResponses, completions: AsyncCompletions) -> None:
+    def __init__(self, responses: ResponseStarter, completions: AsyncCompletions) -> None:
         self.completions = AsyncChatCompletions(responses, completions)
 
 

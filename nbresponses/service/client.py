@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 import openai
@@ -18,10 +18,9 @@ from openai.types.responses import Response, ResponseItemList
 from openai.types.responses.response_text_config import ResponseTextConfig
 from openai.types.shared.response_format_text import ResponseFormatText
 
-from nbresponses.families.base import Family, OutputReader, RenderedPrompt
+from nbresponses.families.base import Family, ReaderWrap, RenderedPrompt
 from nbresponses.families.registry import FamilyName, select_family
 from nbresponses.protocol.errors import bad_request, response_not_found, unsupported
-from nbresponses.protocol.events import EventBuilder
 from nbresponses.protocol.generation import Sampling
 from nbresponses.protocol.ids import new_id
 from nbresponses.protocol.items import check_call_outputs
@@ -35,10 +34,6 @@ from nbresponses.service.run import Generation, ResponseRun
 from nbresponses.service.store import STORE_DEFAULTS, ResponseStore
 from nbresponses.service.stream import ResponseEventStream
 from nbresponses.tokens.contract import SamplingParams, Tokenizer, TokenSource
-
-# The output-reader factory for a rendered prompt, in place of ``RenderedPrompt.output_reader``.
-ReaderFactory = Callable[[EventBuilder], OutputReader]
-ReaderWrap = Callable[[RenderedPrompt], ReaderFactory]
 
 
 class AsyncResponsesClient:
