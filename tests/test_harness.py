@@ -2,7 +2,11 @@
 model pointed at ``nbresponses serve`` (with the tokenizer's folder, or with no tokenizer at all:
 ``GET /tokenizer_info`` and ``/tokenize``, vLLM's routes), ``nbresponses.harness.EngineLM`` in the
 kernel, and ``nbresponses eval`` from the shell give the same accuracy, perplexities, generations
-and per-sample logprobs, at batch sizes 1 and 8 (the engine is batch-invariant)."""
+and per-sample logprobs, at batch sizes 1 and 8 (the engine is batch-invariant).
+
+On the bundled model, lm-eval's ``local-chat-completions`` with ``--apply_chat_template`` and
+``local-completions`` on a ``generate_until`` task with four ``until`` strings (five ``stop``
+strings on the wire) give the kernel's answers to the same requests."""
 
 from __future__ import annotations
 
@@ -226,3 +230,145 @@ async def test_nbresponses_eval_runs_lm_eval_in_process(
     )
     assert in_kernel == shell
     assert results["results"]["nbr_mc"]["acc,none"] == kernel["results"]["nbr_mc"]["acc,none"]
+
+
+# -- lm-eval's OpenAI-compatible models on the bundled model, as users run them ---------------
+
+UNTIL = ["\n", ".", ",", "!"]  # four: lm-eval adds the end-of-text string as a fifth
+MAX_GEN_TOKS = 24
+
+
+def write_until_task(folder: Path) -> str:
+    """A ``generate_until`` task with four ``until`` strings over ``QUESTIONS``."""
+    mc = folder / "until.jsonl"
+    mc.write_text(
+        "".join(
+            json.dumps({"question": q, "choices": c, "answer": a}) + "\n" for q, c, a in QUESTIONS
+        )
+    )
+    (folder / "nbr_until.yaml").write_text(
+        f"task: nbr_until\ndataset_path: json\ntest_split: train\ndataset_kwargs:\n"
+        f"  data_files: {mc}\noutput_type: generate_until\ndoc_to_text: '{{{{question}}}}'\n"
+        "doc_to_target: '{{choices[answer]}}'\n"
+        f"generation_kwargs:\n  until: {json.dumps(UNTIL)}\n  max_gen_toks: {MAX_GEN_TOKS}\n"
+        "  do_sample: false\nmetric_list:\n  - metric: exact_match\n"
+    )
+    return "nbr_until"
+
+
+@pytest.fixture
+async def bundled_engine(bundled_model):
+    from nbresponses.engine import Engine
+    from nbresponses.runtime.generator import TokenGenerator
+
+    engine = Engine(TokenGenerator(bundled_model), store_path="memory")
+    yield engine
+    await engine.aclose()
+
+
+def generations(results: dict, task: str) -> list[tuple[int, str, str]]:
+    """Each document's context (as lm-eval sent it: a chat history is a ``JsonChatStr``, a
+    one-field tuple of its JSON) and generation."""
+
+    def text(context: str | tuple[str]) -> str:
+        return context if isinstance(context, str) else context[0]
+
+    return sorted(
+        (s["doc_id"], text(s["arguments"][0][0]), s["resps"][0][0])
+        for s in results["samples"][task]
+    )
+
+
+@pytest.mark.slow
+async def test_local_chat_completions_with_a_chat_template_gives_the_kernels_answers(
+    bundled_engine, tmp_path
+) -> None:
+    """``--model local-chat-completions --apply_chat_template`` against ``serve``: lm-eval sends
+    the conversation, ``max_tokens``, ``temperature: 0``, ``seed`` and its ``until`` strings as
+    ``stop``; each answer is the one ``engine.openai().chat.completions.create`` gives in the
+    kernel for the same body."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    logging.getLogger("lm-eval").setLevel(logging.WARNING)
+    task = write_until_task(tmp_path)
+    engine = bundled_engine
+    with ThreadedServer(engine.client()) as server:
+        results = await asyncio.to_thread(
+            simple_evaluate,
+            model="local-chat-completions",
+            model_args={
+                "model": engine.model,
+                "base_url": f"{server.base_url}/chat/completions",
+                "num_concurrent": 1,
+                "max_retries": 1,
+            },
+            tasks=[task],
+            task_manager=TaskManager(include_path=str(tmp_path)),
+            apply_chat_template=True,
+            log_samples=True,
+            verbosity="WARNING",
+        )
+    rows = generations(results, task)
+    assert len(rows) == len(QUESTIONS)
+    sdk = engine.openai()
+    stopped = 0
+    for (doc_id, context, answer), (question, _, _) in zip(rows, QUESTIONS, strict=True):
+        messages = json.loads(context)  # lm-eval's chat history, sent as `messages`
+        assert messages == [{"role": "user", "content": question}], doc_id
+        kernel = await sdk.chat.completions.create(
+            model=engine.model, messages=messages, max_tokens=MAX_GEN_TOKS, temperature=0,
+            stop=UNTIL, seed=1234,
+        )  # fmt: skip
+        choice = kernel.choices[0]
+        assert answer == choice.message.content, doc_id
+        assert not any(s in answer for s in UNTIL), doc_id  # cut before its stop string
+        stopped += choice.finish_reason == "stop"
+    assert stopped > 0  # the stop strings were met, not only the token budget
+
+
+@pytest.mark.slow
+async def test_local_completions_with_five_stop_strings_gives_the_kernels_answers(
+    bundled_engine, tmp_path
+) -> None:
+    """``--model local-completions`` on a ``generate_until`` task with four ``until`` strings:
+    lm-eval adds the end-of-text string as a fifth ``stop`` (OpenAI's limit is four; vLLM and
+    ``serve`` take any number); each generation is the kernel's for the same prompt ids."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    logging.getLogger("lm-eval").setLevel(logging.WARNING)
+    task = write_until_task(tmp_path)
+    engine = bundled_engine
+    tokenizer = engine.client().family.tokenizer
+    with ThreadedServer(engine.client()) as server:
+        results = await asyncio.to_thread(
+            simple_evaluate,
+            model="local-completions",
+            model_args={
+                "model": engine.model,
+                "base_url": f"{server.base_url}/completions",  # tokenizer: /tokenizer_info
+                "num_concurrent": 1,
+                "max_retries": 1,
+            },
+            tasks=[task],
+            task_manager=TaskManager(include_path=str(tmp_path)),
+            log_samples=True,
+            verbosity="WARNING",
+        )
+    rows = generations(results, task)
+    assert len(rows) == len(QUESTIONS)
+    stop = [*UNTIL, tokenizer.eos_token]
+    assert len(stop) == 5
+    sdk = engine.openai()
+    stopped = 0
+    for (doc_id, context, answer), (question, _, _) in zip(rows, QUESTIONS, strict=True):
+        assert context == question
+        kernel = await sdk.completions.create(
+            model=engine.model, prompt=tokenizer.encode(question, add_special_tokens=False),
+            max_tokens=MAX_GEN_TOKS, temperature=0, stop=stop, seed=1234,
+        )  # fmt: skip
+        assert answer == kernel.choices[0].text, doc_id
+        assert not any(s in answer for s in stop), doc_id
+        stopped += kernel.choices[0].finish_reason == "stop"
+    assert stopped > 0

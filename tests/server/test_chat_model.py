@@ -4,6 +4,7 @@ the request made alone with each derived seed, and ``logit_bias`` before samplin
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 from helpers.server import Target
 
@@ -177,3 +178,67 @@ async def test_the_frames_give_the_same_rows_for_chat_and_responses(engine):
     assert len(want) == response.usage.output_tokens - (response.status == "completed")
     for frame in (nbr.logprobs_frame(chat), nbr.logprobs_frame(chunks)):
         assert frame[columns].reset_index(drop=True).equals(want)
+
+
+@pytest.mark.parametrize("max_tokens", [12, 200])  # cut by the budget; ended by the model
+async def test_the_frames_give_equal_rows_for_all_three_apis_streamed_or_not(engine, max_tokens):
+    """One greedy answer through Responses, Chat Completions and Completions (its prompt the
+    chat-rendered ids), each streamed and not: ``logprobs_frame`` and ``top_logprobs_frame``
+    give equal frames (``assert_frame_equal``) once the ids these APIs do not share are
+    dropped, and ``usage_frame`` the same counts (``cached_tokens`` aside: the prefix cache
+    warms between the requests). One difference: when the model ends the answer, Completions
+    also gives the end-of-turn token's logprob (vLLM's Completions do too), one row more."""
+    import nbresponses as nbr
+
+    client = engine.client()
+    req = parse_create({"input": QUESTION}, model=engine.model)
+    ids = list(client.family.render(req, req.input).ids)
+    sdk = engine.openai()
+    common = {"model": engine.model, "temperature": 0}
+    messages = [{"role": "user", "content": QUESTION}]
+    answers = {}
+    for stream in (False, True):
+        options = {"stream": True, "stream_options": {"include_usage": True}} if stream else {}
+        responses = await sdk.responses.create(
+            **common, input=QUESTION, max_output_tokens=max_tokens, include=[LOGPROBS_INCLUDE],
+            top_logprobs=3, stream=stream,
+        )  # fmt: skip
+        chat = await sdk.chat.completions.create(
+            **common, messages=messages, max_tokens=max_tokens, logprobs=True, top_logprobs=3,
+            **options,
+        )  # fmt: skip
+        completion = await sdk.completions.create(
+            **common, prompt=ids, max_tokens=max_tokens, logprobs=3, **options
+        )
+        for api, answer in (("responses", responses), ("chat", chat), ("completions", completion)):
+            answers[api, stream] = [event async for event in answer] if stream else answer
+
+    def rows(frame):
+        frame = frame.drop(columns=["response_id", "item_id"])
+        for column in frame.select_dtypes("category"):  # categories: the tokens seen
+            frame[column] = frame[column].astype(str)
+        return frame
+
+    want = rows(nbr.logprobs_frame(answers["responses", False]))
+    want_top = rows(nbr.top_logprobs_frame(answers["responses", False]))
+    counts = ["model", "status", "input_tokens", "output_tokens", "total_tokens"]
+    want_usage = nbr.usage_frame([answers["responses", False]])[counts]
+    assert len(want) > 3 and len(want_top) == 3 * len(want)
+    assert want_usage.loc[0, "input_tokens"] == len(ids)
+    status = want_usage.loc[0, "status"]
+    assert status == ("incomplete" if max_tokens == 12 else "completed")
+    for key, answer in answers.items():
+        got, got_top = rows(nbr.logprobs_frame(answer)), rows(nbr.top_logprobs_frame(answer))
+        if key[0] == "completions" and status == "completed":
+            # Completions reports the end-of-turn token too (as vLLM does; it is counted in
+            # the usage of every API, but Responses and Chat Completions give no logprob for
+            # it): one row more, the last, and its alternatives
+            eos = client.family.tokenizer.eos_token
+            assert list(got["token"].iloc[len(want) :]) == [eos], key
+            assert got["position"].iloc[-1] == len(want) and not got["given"].iloc[-1]
+            assert (got_top["position"].iloc[len(want_top) :] == len(want)).all(), key
+            got, got_top = got.iloc[: len(want)], got_top.iloc[: len(want_top)]
+        pd.testing.assert_frame_equal(got, want, obj=str(key))
+        pd.testing.assert_frame_equal(got_top, want_top, obj=str(key))
+        usage = nbr.usage_frame([answer])[counts]
+        pd.testing.assert_frame_equal(usage, want_usage, obj=str(key), check_categorical=False)
