@@ -240,13 +240,16 @@ async def test_copies_of_a_prompt_complete_alike(server):
 @pytest.mark.parametrize("count", [1, 0])
 async def test_echo_with_logprobs(server, count):
     srv, model, family = server
-    for prompt in (HELLO, family.encode(HELLO)):
+    # vLLM's token-id prompt is five of its id 0, a special token: echoed as its text
+    for prompt in (HELLO, family.encode(HELLO), [0] * 5):
         done = await srv.openai().completions.create(
             model=model, prompt=prompt, max_tokens=5, temperature=0, echo=True, logprobs=count
         )
-        assert done.choices[0].text.startswith(HELLO)
+        ids = family.encode(prompt) if isinstance(prompt, str) else prompt
+        assert done.choices[0].text.startswith(family.decode(ids))
+        assert done.choices[0].finish_reason == "length"
         lps = done.choices[0].logprobs
-        n_tokens = len(family.encode(HELLO)) + 5
+        n_tokens = len(ids) + 5
         assert len(lps.tokens) == len(lps.text_offset) == n_tokens
         assert len(lps.token_logprobs) == n_tokens and lps.token_logprobs[0] is None
         assert len(lps.top_logprobs) == n_tokens and lps.top_logprobs[0] is None
