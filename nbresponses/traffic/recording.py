@@ -9,8 +9,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-# (response, base_url or None) -> anything; called once per finished response
-Recorder = Callable[[Any, "str | None"], object]
+# (response, base_url or None, input or None) -> anything; called once per finished response
+Recorder = Callable[[Any, "str | None", Any], object]
 _RECORDERS: list[Recorder] = []
 
 
@@ -19,8 +19,9 @@ def register_recorder(recorder: Recorder) -> None:
         _RECORDERS.append(recorder)
 
 
-def keep_shown(response: Any, base_url: str | None) -> None:
-    """Hand ``response`` to the recorders; a failure warns and never breaks the view."""
+def keep_shown(response: Any, base_url: str | None, input: Any = None) -> None:
+    """Hand ``response`` (and the ``input`` it answered, when the caller gave it) to the
+    recorders; a failure warns and never breaks the view."""
     if not _RECORDERS:
         warnings.warn(
             "record=True keeps responses in the history, which needs nbresponses[engine] "
@@ -31,7 +32,7 @@ def keep_shown(response: Any, base_url: str | None) -> None:
         return
     for recorder in _RECORDERS:
         try:
-            recorder(response, base_url)
+            recorder(response, base_url, input)
         except Exception as exc:  # the view goes on; the user is told
             warnings.warn(f"the response was not recorded: {exc}", UserWarning, stacklevel=2)
 

@@ -46,10 +46,12 @@ class ResponseView(anywidget.AnyWidget):
         cancel: Hook | None = None,
         flush_interval: float = 0.05,
         record: bool = False,
+        input: Any = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self._record = record  # keep the finished response in the history (``keep_shown``)
+        self._record_input = input  # what it answered, for the history (else asked of its server)
         self._origin = origin_of(source) if record else None
         kind = self._kind = classify(source)
         live = kind in ("async", "async_manager", "sync")
@@ -251,7 +253,7 @@ class ResponseView(anywidget.AnyWidget):
         self._publish_end()
         if self._record:
             self._record = False
-            keep_shown(self.response, self._origin)
+            keep_shown(self.response, self._origin, self._record_input)
         if self._print_at_end:
             self._print_summary()
 
@@ -322,16 +324,19 @@ def _execution_count() -> int | None:
     return getattr(shell, "execution_count", None) if shell is not None else None
 
 
-def show(source: Any, *, cancel: Hook | None = None, record: bool = False) -> ResponseView:
+def show(
+    source: Any, *, cancel: Hook | None = None, record: bool = False, input: Any = None
+) -> ResponseView:
     """Display a live view of a Responses stream or Response and return it.
 
     ``source``: an async or sync iterator of ``ResponseStreamEvent`` (ours or the openai SDK's
     ``AsyncStream``/``Stream``), a finished ``Response`` or a list of events (models or dicts).
     ``cancel``: called (and awaited if it is a coroutine function) by the view's cancel button.
     ``record``: keep the finished response in the history (``nbr.record``) with the host it
-    was streamed from: for remote streams (this engine's own are kept already).
+    was streamed from: for remote streams (this engine's own are kept already). ``input``:
+    the request's input, kept with it (without it, it is asked of the server that kept it).
     """
-    view = ResponseView(source, cancel=cancel, record=record)
+    view = ResponseView(source, cancel=cancel, record=record, input=input)
     view.display()
     view._shown_in = _execution_count()
     return view
