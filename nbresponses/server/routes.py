@@ -318,7 +318,23 @@ class ResponsesAPI:
             isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in tokens
         ):
             raise HTTPError(400, "'tokens' must be a list of token ids.", param="tokens")
+        vocab = self._vocab_size()
+        if tokens and vocab is not None and max(tokens) >= vocab:  # as /v1/completions does
+            raise HTTPError(
+                400,
+                f"Invalid 'tokens': token ids must be in the vocabulary [0, {vocab}); "
+                f"got {min(tokens)}..{max(tokens)}.",
+                param="tokens",
+            )
         return JSONResponse({"prompt": self.client.family.decode(tokens)})
+
+    def _vocab_size(self) -> int | None:
+        """The ids the engine reads: its logits' width, else the tokenizer's length."""
+        size = getattr(getattr(self.client.source, "runner", None), "vocab_size", None)
+        tokenizer = self.client.tokenizer
+        if size is None and tokenizer is not None:
+            size = len(tokenizer)  # type: ignore[arg-type]
+        return None if size is None else int(size)
 
     def _check_model(self, body: dict[str, Any]) -> None:
         name = body.get("model")
