@@ -68,8 +68,8 @@ else:
 
 
 def child(*args: str, stdin: bool = False) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]),
-                                                       str(Path(__file__).parents[2])])}  # fmt: skip
+    paths = [str(Path(__file__).parents[1]), str(Path(__file__).parents[2])]  # tests, the repo
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     return subprocess.Popen(
         [sys.executable, "-c", CHILD, *args],
         stdin=subprocess.PIPE if stdin else None,
@@ -208,8 +208,8 @@ async def test_history_shows_and_filters_the_origin_of_every_row(tokenizer, tmp_
         assert client.flush()
     finally:
         client.close()
-    nbr.record(_remote_response(), input="Name a colour.", base_url="https://api.example.com:8443/v1?key=sk-x",
-               where=path)  # fmt: skip
+    url = "https://api.example.com:8443/v1?key=sk-x"
+    nbr.record(_remote_response(), input="Name a colour.", base_url=url, where=path)
     frame = nbr.history(path)
     assert dict(zip(frame["id"], frame["origin"], strict=True)) == {
         local.id: "engine", "resp_remote1": "api.example.com:8443",
@@ -225,7 +225,7 @@ def test_a_file_from_before_origins_reads_its_hosts(tmp_path):
     with sqlite3.connect(path) as db:
         db.executescript(MIGRATIONS[0])
         db.execute("PRAGMA user_version=1")
-        for n, engine in enumerate(['{"source":"remote","host":"h:1","model":"m"}', '{}']):
+        for n, engine in enumerate(['{"source":"remote","host":"h:1","model":"m"}', "{}"]):
             db.execute(
                 "INSERT INTO responses (id, created_at, updated_at, status, response, input, "
                 "engine, size) VALUES (?, ?, ?, 'completed', '{}', '[]', ?, 0)",
