@@ -82,7 +82,10 @@ def main() -> int:
     command = [sys.executable, "-c", SERVER, "serve", "--port", str(port), "--store", args.store]
     if args.model:
         command.append(args.model)
-    server = subprocess.Popen(command, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    log = open(os.devnull, "w")  # noqa: SIM115 - the server's access log, one line a request
+    server = subprocess.Popen(
+        command, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=log, stderr=log
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         with httpx.Client(base_url=base, timeout=120) as http:
@@ -130,6 +133,7 @@ def main() -> int:
             server.wait(timeout=60)
         except subprocess.TimeoutExpired:
             server.kill()
+        log.close()
     return 0
 
 
