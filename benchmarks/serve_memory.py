@@ -21,21 +21,35 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
 import httpx2 as httpx
 
-# The server, with a SIGUSR1 handler that collects and trims (glibc) before a reading.
+# The server, with a SIGUSR1 handler that collects and trims (glibc) before a reading, then
+# writes where its memory is: Python's allocated blocks, and glibc's heap (in use, free) and
+# mmapped chunks (``mallinfo2``), to tell the interpreter's objects from native buffers.
 SERVER = """
-import ctypes, gc, signal, sys
+import ctypes, gc, json, os, signal, sys
 from nbresponses.cli import main
 
 libc = ctypes.CDLL("libc.so.6")
 
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+libc.mallinfo2.restype = MallInfo2
+
 def trim(signum, frame):
     gc.collect()
     libc.malloc_trim(0)
+    info = libc.mallinfo2()
+    with open(os.environ["NBR_MEMORY_REPORT"], "w") as f:
+        json.dump({"py_blocks": sys.getallocatedblocks(), "heap_used": info.uordblks,
+                   "heap_free": info.fordblks, "mmapped": info.hblkhd}, f)
 
 signal.signal(signal.SIGUSR1, trim)
 sys.exit(main(sys.argv[1:]))
@@ -83,9 +97,9 @@ def main() -> int:
     if args.model:
         command.append(args.model)
     log = open(os.devnull, "w")  # noqa: SIM115 - the server's access log, one line a request
-    server = subprocess.Popen(
-        command, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=log, stderr=log
-    )
+    report = os.path.join(tempfile.mkdtemp(prefix="nbr-serve-memory-"), "memory.json")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "NBR_MEMORY_REPORT": report}
+    server = subprocess.Popen(command, env=env, stdout=log, stderr=log)
     base = f"http://127.0.0.1:{port}"
     try:
         with httpx.Client(base_url=base, timeout=120) as http:
@@ -120,11 +134,14 @@ def main() -> int:
                     beyond = held - sum(caches.values())
                     first_beyond = beyond if first_beyond is None else first_beyond
                     growth = 100 * (beyond - first_beyond) / first_beyond
+                    with open(report) as f:
+                        where = {k: v if k == "py_blocks" else round(v / 2**20, 1)
+                                 for k, v in json.load(f).items()}  # fmt: skip
                     print(
                         f"{i:>8} {held / 2**20:>8.1f} {sum(caches.values()) / 2**20:>9.1f} "
                         f"{beyond / 2**20:>9.1f} {time.perf_counter() - started:>6.0f}  "
                         f"{json.dumps({k: round(v / 2**20, 1) for k, v in caches.items()})} "
-                        f"growth {growth:+.2f}% load {os.getloadavg()[0]:.1f}",
+                        f"growth {growth:+.2f}% load {os.getloadavg()[0]:.1f} {json.dumps(where)}",
                         flush=True,
                     )
     finally:
