@@ -89,11 +89,18 @@ def main() -> int:
     parser.add_argument("--step", type=int, default=1_000)
     parser.add_argument("--store", default="memory", help="the server's --store (a file, memory)")
     parser.add_argument("--model", default=None, help="model source (default: bundled)")
+    parser.add_argument("-q", "--quantization", default=None, metavar="RECIPE")
+    parser.add_argument("--cache-dir", default=None, help="the model cache to serve from")
     parser.add_argument("--max-output-tokens", type=int, default=4)
     args = parser.parse_args()
 
     port = free_port()
-    command = [sys.executable, "-c", SERVER, "serve", "--port", str(port), "--store", args.store]
+    command = [sys.executable, "-c", SERVER]
+    if args.cache_dir:
+        command += ["--cache-dir", args.cache_dir]
+    command += ["serve", "--port", str(port), "--store", args.store]
+    if args.quantization:
+        command += ["-q", args.quantization]
     if args.model:
         command.append(args.model)
     log = open(os.devnull, "w")  # noqa: SIM115 - the server's access log, one line a request
