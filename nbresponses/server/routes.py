@@ -28,6 +28,7 @@ from nbresponses.server.loops import BLOCKED, foreign, iterate_on, on_loop
 from nbresponses.server.sse import DataStreamResponse, EventStreamResponse
 from nbresponses.service.client import AsyncResponsesClient
 from nbresponses.service.completions import CompletionStream
+from nbresponses.service.footprint import allocator_stats
 from nbresponses.service.stream import ResponseEventStream
 
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20
@@ -199,13 +200,14 @@ class ResponsesAPI:
 
     async def health(self, request: Request) -> Response:
         """Liveness for probes (no key needed); with the key (or none set), the client's
-        figures too: load, KV and prefix-cache memory and hit rate, the store's fill."""
+        figures too: load, KV and prefix-cache memory and hit rate, the store's fill, and what
+        the C allocator holds (``allocator``: in use, freed but kept, mmapped)."""
         body: dict[str, Any] = {"status": "ok", "model": self.client.model}
         try:
             self._authorize(request)
         except HTTPError:
             return JSONResponse(body)
-        return JSONResponse({**body, **self.client.stats()})
+        return JSONResponse({**body, **self.client.stats(), "allocator": allocator_stats()})
 
     def _model(self) -> dict[str, Any]:
         return {
