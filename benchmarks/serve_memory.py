@@ -20,8 +20,8 @@ sizes varying with the prompt, below glibc's dynamic mmap threshold): free heap 
 and RSS beyond the caches 421.0 -> 451.9 MB (+7.3%) from request 1,000 to 3,750, after
 ``malloc_trim``. With ``MALLOC_MMAP_THRESHOLD_=16384`` (buffers from 16 KiB up are mmapped
 and given back when freed) the free heap stays at 8.5 MB and RSS beyond the caches went
-434.0 -> 432.4 MB (-0.4%) from request 1,000 to 2,500 (runs stopped there by the deadline;
-10,000 not reached).
+434.0 -> 434.7 MB (+0.2%) from request 1,000 to 3,000, though it crept 429.2 -> 434.7 MB
+from 1,500 on, unexplained (runs stopped by the deadline; 10,000 not reached).
 """
 
 from __future__ import annotations
