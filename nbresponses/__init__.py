@@ -96,7 +96,7 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-def _record_shown(response: Any, base_url: str | None) -> None:
+def _record_shown(response: Any, base_url: str | None, input: Any = None) -> None:
     """``show(stream, record=True)``'s first finished response, on any import path: load the
     store's recorder (``service/keep.py`` registers it), then hand the response to it. Here,
     as the package is imported, for the reason ``_DefaultStoreFile`` is; the store is imported
@@ -110,7 +110,7 @@ def _record_shown(response: Any, base_url: str | None) -> None:
             stacklevel=3,
         )
         return
-    _keep_shown(response, base_url)
+    _keep_shown(response, base_url, input)
 
 
 _register_recorder(_record_shown, fallback=True)

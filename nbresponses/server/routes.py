@@ -30,6 +30,7 @@ from nbresponses.server.tokenizer_info import tokenizer_info
 from nbresponses.service.chat import ChatCompletionStream
 from nbresponses.service.client import AsyncResponsesClient
 from nbresponses.service.completions import CompletionStream
+from nbresponses.service.footprint import allocator_stats
 from nbresponses.service.stream import ResponseEventStream
 
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20
@@ -203,13 +204,14 @@ class ResponsesAPI:
 
     async def health(self, request: Request) -> Response:
         """Liveness for probes (no key needed); with the key (or none set), the client's
-        figures too: load, KV and prefix-cache memory and hit rate, the store's fill."""
+        figures too: load, KV and prefix-cache memory and hit rate, the store's fill, and what
+        the C allocator holds (``allocator``: in use, freed but kept, mmapped)."""
         body: dict[str, Any] = {"status": "ok", "model": self.client.model}
         try:
             self._authorize(request)
         except HTTPError:
             return JSONResponse(body)
-        return JSONResponse({**body, **self.client.stats()})
+        return JSONResponse({**body, **self.client.stats(), "allocator": allocator_stats()})
 
     def _model(self) -> dict[str, Any]:
         return {
@@ -339,6 +341,14 @@ class ResponsesAPI:
             isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in tokens
         ):
             raise HTTPError(400, "'tokens' must be a list of token ids.", param="tokens")
+        vocab = self._vocab_size()
+        if tokens and vocab is not None and max(tokens) >= vocab:  # as /v1/completions does
+            raise HTTPError(
+                400,
+                f"Invalid 'tokens': token ids must be in the vocabulary [0, {vocab}); "
+                f"got {min(tokens)}..{max(tokens)}.",
+                param="tokens",
+            )
         return JSONResponse({"prompt": self.client.family.decode(tokens)})
 
     async def tokenizer_info(self, request: Request) -> Response:
@@ -346,6 +356,14 @@ class ResponsesAPI:
         if self.client.tokenizer is None:
             raise HTTPError(404, "This server's model has no tokenizer to describe.")
         return JSONResponse(tokenizer_info(self.client.tokenizer, self.client.model))
+
+    def _vocab_size(self) -> int | None:
+        """The ids the engine reads: its logits' width, else the tokenizer's length."""
+        size = getattr(getattr(self.client.source, "runner", None), "vocab_size", None)
+        tokenizer = self.client.tokenizer
+        if size is None and tokenizer is not None:
+            size = len(tokenizer)  # type: ignore[arg-type]
+        return None if size is None else int(size)
 
     def _check_model(self, body: dict[str, Any]) -> None:
         name = body.get("model")

@@ -23,6 +23,8 @@ from nbresponses.service.database import Row, dumps
 from nbresponses.service.record import Record
 from nbresponses.service.run import ResponseRun
 
+ENGINE_ORIGIN = "engine"  # a row's origin when an nbresponses engine made it (else a host)
+
 
 @functools.cache
 def _adapter(kind: str) -> TypeAdapter[Any]:
@@ -44,6 +46,8 @@ def to_row(record: Record) -> Row:
     replay = {k: v for k, v in run.replay.items() if output_ids.get(k) is not v}
     usage = response.usage
     error = response.error.message if response.error is not None else None
+    provenance = record.provenance or {}
+    recorded = provenance.get("source") == "remote"  # nbr.record: made elsewhere
     row: Row = {
         "id": response.id,
         "created_at": response.created_at,
@@ -58,8 +62,8 @@ def to_row(record: Record) -> Row:
         "cached_tokens": usage.input_tokens_details.cached_tokens if usage else None,
         "metadata": dumps(response.metadata) if response.metadata else None,
         "error": error,
-        "recipe": (record.provenance or {}).get("recipe"),
-        "model_hash": (record.provenance or {}).get("model_hash"),
+        "recipe": provenance.get("recipe"),
+        "model_hash": provenance.get("model_hash"),
         "owner": None,
         "response": response.model_dump_json(exclude_unset=True, by_alias=True),
         "input": _dump_items(record.input),
@@ -72,9 +76,11 @@ def to_row(record: Record) -> Row:
             else None
         ),
         "request": dumps(to_jsonable_python(record.request or {}, fallback=repr)),
-        "engine": dumps({**(record.provenance or {}), "timings": run.timings}),
+        "engine": dumps({**provenance, "timings": run.timings}),
         "input_text": "\n".join(_texts(record.input, response.instructions)),
         "output_text": "\n".join(_texts(response.output)),
+        "origin": (provenance.get("host") or "remote") if recorded else ENGINE_ORIGIN,
+        "recorded_at": time.time() if recorded else None,
     }
     row["size"] = sum(len(v) for v in row.values() if isinstance(v, str))
     return row

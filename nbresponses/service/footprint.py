@@ -10,6 +10,8 @@ tuples, sets, scalars), so it is a few lines and several times faster.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import sys
 from collections.abc import Iterable
 from typing import Any
@@ -67,3 +69,41 @@ def _push(values: Iterable[Any], stack: list[Any]) -> int:
         elif value is not None and kind is not bool:
             stack.append(value)
     return size
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+            "fordblks", "keepcost",
+        )
+    ]  # fmt: skip
+
+
+@functools.cache
+def _libc() -> Any:
+    """glibc, when this process runs on it (``mallinfo2``: glibc 2.33 on); else None."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = _MallInfo2
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+def allocator_stats() -> dict[str, int] | None:
+    """What the C allocator holds (glibc; None elsewhere): ``in_use_bytes`` (Python objects,
+    arrays, ONNX Runtime's buffers, caches included), ``free_bytes`` (freed chunks it keeps for
+    reuse: what churn of variably sized buffers leaves behind, counted in RSS where touched)
+    and ``mmapped_bytes``. The server reports it on ``/health`` beside its caches: growth of
+    the process that no cache explains shows here first."""
+    libc = _libc()
+    if libc is None:
+        return None
+    info = libc.mallinfo2()
+    return {
+        "in_use_bytes": int(info.uordblks),
+        "free_bytes": int(info.fordblks),
+        "mmapped_bytes": int(info.hblkhd),
+    }

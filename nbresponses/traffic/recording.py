@@ -9,8 +9,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-# (response, base_url or None) -> anything; called once per finished response
-Recorder = Callable[[Any, "str | None"], object]
+# (response, base_url or None, input or None) -> anything; called once per finished response
+Recorder = Callable[[Any, "str | None", Any], object]
 _RECORDERS: list[Recorder] = []
 _FALLBACK: list[Recorder] = []  # asked only while no recorder is registered
 
@@ -23,10 +23,11 @@ def register_recorder(recorder: Recorder, *, fallback: bool = False) -> None:
         chosen.append(recorder)
 
 
-def keep_shown(response: Any, base_url: str | None) -> None:
-    """Hand ``response`` to the recorders; a failure warns and never breaks the view."""
+def keep_shown(response: Any, base_url: str | None, input: Any = None) -> None:
+    """Hand ``response`` (and the ``input`` it answered, when the caller gave it) to the
+    recorders; a failure warns and never breaks the view."""
     if not _RECORDERS and _FALLBACK:
-        _FALLBACK[0](response, base_url)
+        _FALLBACK[0](response, base_url, input)
         return
     if not _RECORDERS:
         warnings.warn(
@@ -38,7 +39,7 @@ def keep_shown(response: Any, base_url: str | None) -> None:
         return
     for recorder in _RECORDERS:
         try:
-            recorder(response, base_url)
+            recorder(response, base_url, input)
         except Exception as exc:  # the view goes on; the user is told
             warnings.warn(f"the response was not recorded: {exc}", UserWarning, stacklevel=2)
 

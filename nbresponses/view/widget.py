@@ -54,12 +54,14 @@ class ResponseView(anywidget.AnyWidget):
         flush_interval: float = 0.05,
         record: bool = False,
         choice: int = 0,
+        input: Any = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         if not isinstance(choice, int) or isinstance(choice, bool) or choice < 0:
             raise ValueError(f"choice= takes a choice index (0, 1, ...), not {choice!r}")
         self._record = record  # keep the finished response in the history (``keep_shown``)
+        self._record_input = input  # what it answered, for the history (else asked of its server)
         self._origin = origin_of(source) if record else None
         kind = self._kind = classify(source)
         live = kind in ("async", "async_manager", "sync")
@@ -266,7 +268,7 @@ class ResponseView(anywidget.AnyWidget):
         self._publish_end()
         if self._record:
             self._record = False
-            keep_shown(self.response, self._origin)
+            keep_shown(self.response, self._origin, self._record_input)
         if self._print_at_end:
             self._print_summary()
 
@@ -338,7 +340,12 @@ def _execution_count() -> int | None:
 
 
 def show(
-    source: Any, *, cancel: Hook | None = None, record: bool = False, choice: int = 0
+    source: Any,
+    *,
+    cancel: Hook | None = None,
+    record: bool = False,
+    choice: int = 0,
+    input: Any = None,
 ) -> ResponseView:
     """Display a live view of a Responses stream or Response and return it.
 
@@ -350,9 +357,10 @@ def show(
     ``Completion`` or its stream; ``choice`` picks one of ``n > 1`` choices.
     ``cancel``: called (and awaited if it is a coroutine function) by the view's cancel button.
     ``record``: keep the finished response in the history (``nbr.record``) with the host it
-    was streamed from: for remote streams (this engine's own are kept already).
+    was streamed from: for remote streams (this engine's own are kept already). ``input``:
+    the request's input, kept with it (without it, it is asked of the server that kept it).
     """
-    view = ResponseView(source, cancel=cancel, record=record, choice=choice)
+    view = ResponseView(source, cancel=cancel, record=record, choice=choice, input=input)
     view.display()
     view._shown_in = _execution_count()
     return view

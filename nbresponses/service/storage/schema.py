@@ -74,19 +74,64 @@ MIGRATIONS: list[str] = [
         VALUES (new.n, new.input_text, new.output_text);
     END;
     """,
+    # 2: where each row came from ("engine", or the host a recorded response came from), and
+    # when it was recorded; rows recorded before it take their host from the engine column
+    """
+    ALTER TABLE responses ADD COLUMN origin TEXT;
+    ALTER TABLE responses ADD COLUMN recorded_at REAL;
+    UPDATE responses SET
+        origin = CASE WHEN json_extract(engine, '$.source') = 'remote'
+                      THEN COALESCE(json_extract(engine, '$.host'), 'remote') ELSE 'engine' END,
+        recorded_at = CASE WHEN json_extract(engine, '$.source') = 'remote'
+                           THEN updated_at END;
+    CREATE INDEX responses_origin ON responses(origin);
+    """,
 ]
 
 COLUMNS = (
     "id", "created_at", "updated_at", "model", "status", "background", "previous_response_id",
     "input_tokens", "output_tokens", "reasoning_tokens", "cached_tokens", "metadata", "error",
     "recipe", "model_hash", "owner", "response", "input", "replay", "events", "request",
-    "engine", "input_text", "output_text", "size",
+    "engine", "input_text", "output_text", "size", "origin", "recorded_at",
 )  # fmt: skip
+
+
+def _merge() -> str:
+    """The ``DO UPDATE SET`` of a write onto a row already there: a merge, never a loss.
+
+    A recording (a row whose ``engine`` says ``source: remote``: ``nbr.record``) onto a row an
+    engine wrote keeps all of it (input, recipe, hashes, timings: what a chain is rebuilt
+    from) and adds only where it came from and when (``origin``, ``recorded_at``); onto an
+    earlier recording it replaces the response, keeping the input when it brings none. An
+    engine's write (as started, as ended, cut off) replaces the content and keeps what a
+    recording added. One statement, so two processes writing one file (a notebook recording,
+    a server serving) end in the same row in either order.
+    """
+    recording = "json_extract(excluded.engine, '$.source') = 'remote'"
+    onto_recorded = "COALESCE(json_extract(responses.engine, '$.source'), '') = 'remote'"
+    keep_row = f"({recording} AND NOT {onto_recorded})"
+    keep_input = f"({keep_row} OR ({recording} AND excluded.input = '[]'))"
+    sets = {c: f"CASE WHEN {keep_row} THEN responses.{c} ELSE excluded.{c} END" for c in COLUMNS}
+    for c in ("input", "input_text"):
+        sets[c] = f"CASE WHEN {keep_input} THEN responses.{c} ELSE excluded.{c} END"
+    inputs = "length({0}.input) + COALESCE(length({0}.input_text), 0)"
+    sets["size"] = (
+        f"CASE WHEN {keep_row} THEN responses.size WHEN {keep_input} "
+        f"THEN excluded.size - {inputs.format('excluded')} + {inputs.format('responses')} "
+        "ELSE excluded.size END"
+    )
+    sets["updated_at"] = "excluded.updated_at"
+    sets["origin"] = (
+        f"CASE WHEN {recording} OR responses.recorded_at IS NULL THEN excluded.origin "
+        "ELSE responses.origin END"
+    )
+    sets["recorded_at"] = "COALESCE(excluded.recorded_at, responses.recorded_at)"
+    return ", ".join(f"{c} = {sql}" for c, sql in sets.items() if c not in ("id", "created_at"))
+
 
 UPSERT = (
     f"INSERT INTO responses ({', '.join(COLUMNS)}) VALUES ({', '.join('?' for _ in COLUMNS)}) "
-    "ON CONFLICT(id) DO UPDATE SET "
-    + ", ".join(f"{c} = excluded.{c}" for c in COLUMNS if c not in ("id", "created_at"))
+    f"ON CONFLICT(id) DO UPDATE SET {_merge()}"
 )
 
 
