@@ -230,7 +230,9 @@ def serve(
 
     from nbresponses.engine import Engine
     from nbresponses.server.serve import is_loopback, make_server
+    from nbresponses.service.footprint import bound_free_heap
 
+    bound_free_heap()  # before the model loads: a server's heap stays flat (footprint.py: why)
     api_key = api_key or os.environ.get("NBRESPONSES_API_KEY") or None
     if not is_loopback(host) and api_key is None:
         print(

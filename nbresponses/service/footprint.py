@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import sys
 from collections.abc import Iterable
 from typing import Any
@@ -92,6 +93,29 @@ def _libc() -> Any:
     return libc
 
 
+M_MMAP_THRESHOLD = -3  # mallopt's parameter (malloc.h)
+SERVE_MMAP_THRESHOLD = 16 * 2**10  # bytes: buffers from here up are mmapped, given back freed
+_threshold: list[int] = []  # the threshold this process set, if it set one
+
+
+def bound_free_heap(threshold: int = SERVE_MMAP_THRESHOLD) -> bool:
+    """Give every buffer of ``threshold`` bytes or more its own mapping, returned to the system
+    when freed (glibc's ``M_MMAP_THRESHOLD``; False elsewhere, or when the user set
+    ``MALLOC_MMAP_THRESHOLD_``, which wins). Why: a long-running server churns the prefix
+    cache's entries (60 arrays of ~30 KB, sizes varying with the prompt) below glibc's dynamic
+    threshold, so the heap kept growing with freed chunks no later request fit: +31 MB of RSS
+    beyond the reported caches from request 1,000 to 3,750 (benchmarks/serve_memory.py). With
+    the fixed threshold the heap's free part stays a few MB. ``nbresponses serve`` calls it at
+    start; a kernel does not (a notebook's process is the user's)."""
+    libc = _libc()
+    if libc is None or "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return False
+    if not libc.mallopt(M_MMAP_THRESHOLD, int(threshold)):
+        return False
+    _threshold[:] = [int(threshold)]
+    return True
+
+
 def allocator_stats() -> dict[str, int] | None:
     """What the C allocator holds (glibc; None elsewhere): ``in_use_bytes`` (Python objects,
     arrays, ONNX Runtime's buffers, caches included), ``free_bytes`` (freed chunks it keeps for
@@ -106,4 +130,6 @@ def allocator_stats() -> dict[str, int] | None:
         "in_use_bytes": int(info.uordblks),
         "free_bytes": int(info.fordblks),
         "mmapped_bytes": int(info.hblkhd),
+        # buffers from this size up are mmapped (``bound_free_heap``); 0: glibc's dynamic rule
+        "mmap_threshold_bytes": _threshold[0] if _threshold else 0,
     }

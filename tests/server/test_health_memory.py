@@ -4,6 +4,10 @@ that no cache explains (freed chunks glibc keeps after churn) is visible."""
 from __future__ import annotations
 
 import ctypes.util
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 from helpers.server import ThreadedServer, scripted
@@ -21,7 +25,38 @@ def test_health_reports_the_allocator_beside_the_caches(tokenizer):
         del blob
     assert {"store", "source"} <= set(after)
     memory = after["allocator"]
-    assert set(memory) == {"in_use_bytes", "free_bytes", "mmapped_bytes"}
+    assert set(memory) == {"in_use_bytes", "free_bytes", "mmapped_bytes", "mmap_threshold_bytes"}
     held = memory["in_use_bytes"] + memory["mmapped_bytes"]
     was = before["allocator"]["in_use_bytes"] + before["allocator"]["mmapped_bytes"]
     assert held - was >= 7 << 20  # the 8 MiB, give or take what else was freed meanwhile
+
+
+_BOUND = """
+import json, sys
+from nbresponses.service.footprint import allocator_stats, bound_free_heap
+def mapped_for(size, count=64):  # enough to outgrow the heap's top (glibc maps only then)
+    before = allocator_stats()["mmapped_bytes"]
+    blobs = [bytearray(size) for _ in range(count)]
+    grown = allocator_stats()["mmapped_bytes"] - before
+    del blobs
+    return grown
+plain = mapped_for(64 << 10)  # below glibc's dynamic threshold (128 KiB at start): the heap
+bound = bound_free_heap()
+print(json.dumps({"plain": plain, "bound": bound, "after": mapped_for(64 << 10),
+                  "threshold": allocator_stats()["mmap_threshold_bytes"]}))
+"""
+
+
+@pytest.mark.skipif(ctypes.util.find_library("c") is None, reason="no C library to ask")
+def test_serve_gives_buffers_from_16_kib_their_own_mapping():
+    """``nbresponses serve`` bounds the heap's free part (service/footprint.py says why): 64
+    buffers of 64 KiB come from the heap by glibc's default rule and from their own mappings, given
+    back when freed, once ``bound_free_heap`` ran; ``/health`` reports the threshold. In a fresh
+    interpreter: the setting is per process."""
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
+    out = subprocess.run(
+        [sys.executable, "-c", _BOUND], capture_output=True, text=True, env=env, check=True
+    )
+    got = json.loads(out.stdout)
+    assert got["plain"] == 0 and got["bound"] is True
+    assert got["after"] >= 32 * (64 << 10) and got["threshold"] == 16 << 10
