@@ -92,6 +92,9 @@ def cached_bytes(health: dict[str, Any]) -> dict[str, int]:
     }
     for name, cache in health.get("caches", {}).items():
         found[name] = int(cache["bytes"])
+    # resident pages of mapped files (the model's weights, libraries): bounded by the files
+    for name, size in (health.get("mapped") or {}).items():
+        found[f"mapped_{name.removesuffix('_bytes')}"] = int(size)
     return found
 
 

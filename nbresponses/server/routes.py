@@ -30,7 +30,7 @@ from nbresponses.server.tokenizer_info import tokenizer_info
 from nbresponses.service.chat import ChatCompletionStream
 from nbresponses.service.client import AsyncResponsesClient
 from nbresponses.service.completions import CompletionStream
-from nbresponses.service.footprint import allocator_stats
+from nbresponses.service.footprint import allocator_stats, mapped_files
 from nbresponses.service.stream import ResponseEventStream
 
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20
@@ -205,13 +205,15 @@ class ResponsesAPI:
     async def health(self, request: Request) -> Response:
         """Liveness for probes (no key needed); with the key (or none set), the client's
         figures too: load, KV and prefix-cache memory and hit rate, the store's fill, and what
-        the C allocator holds (``allocator``: in use, freed but kept, mmapped)."""
+        the C allocator holds (``allocator``: in use, freed but kept, mmapped), and the
+        resident pages of mapped files (``mapped``: the model's weights file, libraries)."""
         body: dict[str, Any] = {"status": "ok", "model": self.client.model}
         try:
             self._authorize(request)
         except HTTPError:
             return JSONResponse(body)
-        return JSONResponse({**body, **self.client.stats(), "allocator": allocator_stats()})
+        memory = {"allocator": allocator_stats(), "mapped": mapped_files()}
+        return JSONResponse({**body, **self.client.stats(), **memory})
 
     def _model(self) -> dict[str, Any]:
         return {

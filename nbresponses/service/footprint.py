@@ -93,6 +93,35 @@ def _libc() -> Any:
     return libc
 
 
+def mapped_files() -> dict[str, int] | None:
+    """Resident bytes of the file-backed mappings of this process (Linux; None elsewhere):
+    ``libraries_bytes`` (shared objects' code) and ``files_bytes`` (every other mapped file:
+    above all the model's weights, which ONNX Runtime maps from ``model.onnx.data``). Why
+    report them: their pages become resident as they are first read and stay until the kernel
+    needs the memory, so a server's RSS rises for thousands of requests with nothing leaking:
+    measured, the weights file's mapping went from 61 to 64 MB resident between requests 4,000
+    and 5,000 (of its 108 MB), all the growth of RSS beyond the caches then. Bounded by the
+    files' sizes, clean and reclaimable: not memory a request holds."""
+    try:
+        smaps = open("/proc/self/smaps")  # noqa: SIM115 (read line by line below)
+    except OSError:
+        return None
+    files = libraries = 0
+    path = ""
+    with smaps:
+        for line in smaps:
+            if line[0] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:
+                fields = line.split()
+                path = fields[5] if len(fields) > 5 else ""
+            elif line.startswith("Rss:") and path.startswith("/"):
+                size = int(line.split()[1]) * 1024
+                if ".so" in path.rsplit("/", 1)[-1]:
+                    libraries += size
+                else:
+                    files += size
+    return {"files_bytes": files, "libraries_bytes": libraries}
+
+
 M_MMAP_THRESHOLD = -3  # mallopt's parameter (malloc.h)
 SERVE_MMAP_THRESHOLD = 16 * 2**10  # bytes: buffers from here up are mmapped, given back freed
 _threshold: list[int] = []  # the threshold this process set, if it set one

@@ -24,6 +24,7 @@ def test_health_reports_the_allocator_beside_the_caches(tokenizer):
         after = http.get("/health").json()
         del blob
     assert {"store", "source"} <= set(after)
+    assert after["mapped"] is None or after["mapped"]["libraries_bytes"] > 0
     memory = after["allocator"]
     assert set(memory) == {"in_use_bytes", "free_bytes", "mmapped_bytes", "mmap_threshold_bytes"}
     held = memory["in_use_bytes"] + memory["mmapped_bytes"]
@@ -60,3 +61,22 @@ def test_serve_gives_buffers_from_16_kib_their_own_mapping():
     got = json.loads(out.stdout)
     assert got["plain"] == 0 and got["bound"] is True
     assert got["after"] >= 32 * (64 << 10) and got["threshold"] == 16 << 10
+
+
+def test_mapped_files_count_the_pages_read_of_a_mapped_file(tmp_path):
+    """A mapped file's pages count once read (as ONNX Runtime's mapping of the model's weights
+    does), apart from the allocator's memory; /health reports them under ``mapped``."""
+    import mmap
+
+    from nbresponses.service.footprint import mapped_files
+
+    if mapped_files() is None:
+        pytest.skip("no /proc/self/smaps here")
+    path = tmp_path / "weights.data"
+    path.write_bytes(bytes(range(256)) * (16 << 12))  # 16 MiB
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        before = mapped_files()["files_bytes"]
+        total = sum(mapped[i + 1] for i in range(0, 8 << 20, mmap.PAGESIZE))  # touch half of it
+        after = mapped_files()["files_bytes"]
+    assert total > 0
+    assert (8 << 20) <= after - before <= (9 << 20)
