@@ -109,7 +109,7 @@ def test_api_key(tokenizer):
         health = http.get("/health")  # probes need no key; the figures do
         assert health.status_code == 200 and health.json() == {"status": "ok", "model": MODEL}
         keyed = http.get("/health", headers={"authorization": f"Bearer {KEY}"}).json()
-        assert set(keyed) == {"status", "model", "store", "source"}
+        assert set(keyed) == {"status", "model", "store", "source", "allocator", "mapped"}
         assert "API key" in error_of(http.get("/v1/models"), 401)["message"]
         err = error_of(http.get("/v1/models", headers={"authorization": "Bearer nope"}), 401)
         assert err["code"] == "invalid_api_key"
