@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nbresponses.protocol import generation
+from nbresponses.protocol.chat import parse_chat
 from nbresponses.protocol.completions import parse_completion
 from nbresponses.protocol.generation import (
     MAX_LOGPROBS,
@@ -55,6 +56,8 @@ class Adapter:
         req = self.run(**fields)
         if self.name == "responses":
             return sampling_of(req).engine_params(max_tokens=16, top_logprobs=req.top_logprobs)
+        if self.name == "chat":
+            return req.sampling.engine_params(max_tokens=16, top_logprobs=req.top_logprobs)
         return req.sampling.engine_params(max_tokens=req.max_tokens, top_logprobs=req.logprobs or 0)
 
 
@@ -74,6 +77,14 @@ ADAPTERS = [
         "logprobs",
         "max_tokens",
         0,
+    ),
+    Adapter(
+        "chat",
+        lambda p: parse_chat(p, model="m"),
+        {"messages": [{"role": "user", "content": "q"}], "logprobs": True},
+        "top_logprobs",
+        "max_completion_tokens",
+        1,
     ),
 ]
 APIS = pytest.mark.parametrize("api", ADAPTERS, ids=lambda a: a.name)
