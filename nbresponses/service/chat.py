@@ -23,7 +23,6 @@ import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
@@ -46,6 +45,7 @@ from nbresponses.protocol.generation import Sampling, check_token_ids
 from nbresponses.protocol.request import CreateRequest
 from nbresponses.service.run import ResponseRun
 from nbresponses.service.scoring import Scoring
+from nbresponses.service.stream import AsyncStream, Interleaved
 from nbresponses.tokens.contract import TokenIdLogprob, TokenSource
 
 if TYPE_CHECKING:
@@ -264,7 +264,7 @@ def _usage(choices: Sequence[_Choice]) -> Any:
     )
 
 
-class ChatCompletionStream:
+class ChatCompletionStream(AsyncStream[ChatCompletionChunk]):
     """A streamed ``chat.completions.create``: ``ChatCompletionChunk``s as OpenAI sends them.
 
     Closing the stream stops the generations still running.
@@ -275,20 +275,8 @@ class ChatCompletionStream:
         self._req = req
         self._choices = choices
         self._id, self._created = shapes.new_chat_id()
-        self._queue: asyncio.Queue[tuple[_Choice, _Piece] | BaseException | None] = asyncio.Queue()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._pieces: Interleaved[_Choice, _Piece] = Interleaved(choices, _Choice.pieces)
         self._iterator = self._chunks()
-
-    async def _pump(self, choice: _Choice) -> None:
-        try:
-            async for piece in choice.pieces():
-                self._queue.put_nowait((choice, piece))
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:
-            self._queue.put_nowait(exc)
-        finally:
-            self._queue.put_nowait(None)
 
     def _chunk(self, choices: list[Any], usage: Any = None) -> ChatCompletionChunk:
         return shapes.chunk(
@@ -301,46 +289,23 @@ class ChatCompletionStream:
         )
 
     async def _chunks(self) -> AsyncIterator[ChatCompletionChunk]:
-        self._tasks = [asyncio.ensure_future(self._pump(c)) for c in self._choices]
-        running = len(self._tasks)
-        while running:
-            item = await self._queue.get()
-            if item is None:
-                running -= 1
-                continue
-            if isinstance(item, BaseException):
-                raise item
-            choice, piece = item
+        async for choice, piece in self._pieces:
             usage = _usage(self._choices) if self._req.options.usage_on_every_chunk else None
             yield self._chunk([_delta(choice, piece)], usage)
         if self._req.include_usage:
             yield self._chunk([], _usage(self._choices))
 
-    def __aiter__(self) -> AsyncIterator[ChatCompletionChunk]:
-        return self
-
-    async def __anext__(self) -> ChatCompletionChunk:
-        return await self._iterator.__anext__()
-
-    async def __aenter__(self) -> ChatCompletionStream:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
-
     async def cancel(self) -> None:
         """Stop the generations now; the stream ends after the chunks already made."""
-        await _stop(self._choices, self._tasks)
+        await self._stop()
 
     async def close(self) -> None:
         """Stop reading and stop the generations still running."""
         await self._iterator.aclose()  # type: ignore[attr-defined]
-        await _stop(self._choices, self._tasks)
+        await self._stop()
+
+    async def _stop(self) -> None:
+        await _stop(self._choices, self._pieces.tasks)
 
 
 def _delta(choice: _Choice, piece: _Piece) -> Any:
@@ -356,6 +321,7 @@ def _delta(choice: _Choice, piece: _Piece) -> Any:
 
 
 async def _stop(choices: Sequence[_Choice], tasks: Sequence[asyncio.Task[Any]]) -> None:
+    """Cancel the readers, then the generations, and wait for both to end."""
     for task in tasks:
         task.cancel()
     for choice in choices:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any
 
 from openai.types import Completion, CompletionChoice
@@ -31,6 +30,7 @@ from nbresponses.protocol.completions import CompletionRequest, FinishReason, To
 from nbresponses.protocol.errors import bad_request, server_error
 from nbresponses.protocol.generation import check_token_ids
 from nbresponses.service.scoring import Scorer, Scoring
+from nbresponses.service.stream import AsyncStream, Interleaved
 from nbresponses.tokens.contract import (
     GenerationStats,
     TokenIdLogprob,
@@ -281,7 +281,7 @@ def _held(text: str, stops: Sequence[str]) -> int:
     return held
 
 
-class CompletionStream:
+class CompletionStream(AsyncStream[Completion]):
     """A streamed ``completions.create``: ``Completion`` chunks as OpenAI streams them.
 
     Each chunk holds one choice's new text (and its tokens' logprobs), with the choice's index
@@ -298,34 +298,14 @@ class CompletionStream:
         self._prompts = prompts
         self._choices: list[_Choice] = []
         self._id, self._created = shapes.new_completion_id()
-        self._queue: asyncio.Queue[tuple[_Choice, _Piece] | BaseException | None] = asyncio.Queue()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._pieces: Interleaved[_Choice, _Piece] | None = None
         self._iterator = self._chunks()
-
-    async def _pump(self, choice: _Choice) -> None:
-        try:
-            async for piece in choice.pieces():
-                self._queue.put_nowait((choice, piece))
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:
-            self._queue.put_nowait(exc)
-        finally:
-            self._queue.put_nowait(None)
 
     async def _chunks(self) -> AsyncIterator[Completion]:
         req, model = self._req, self._owner.model
         self._choices = await _begin(req, self._prompts)
-        self._tasks = [asyncio.ensure_future(self._pump(c)) for c in self._choices]
-        running = len(self._tasks)
-        while running:
-            item = await self._queue.get()
-            if item is None:
-                running -= 1
-                continue
-            if isinstance(item, BaseException):
-                raise item
-            choice, piece = item
+        self._pieces = Interleaved(self._choices, _Choice.pieces)
+        async for choice, piece in self._pieces:
             usage = None
             if req.stream_options.usage_on_every_chunk:
                 usage = _usage([choice.prompt], [choice])
@@ -336,31 +316,15 @@ class CompletionStream:
             usage = _usage(self._prompts, self._choices)
             yield shapes.completion(self._id, self._created, model, [], usage)
 
-    def __aiter__(self) -> AsyncIterator[Completion]:
-        return self
-
-    async def __anext__(self) -> Completion:
-        return await self._iterator.__anext__()
-
-    async def __aenter__(self) -> CompletionStream:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
-
     async def cancel(self) -> None:
         """Stop the generations now; the stream ends after the chunks already made."""
-        await _cancel(self._tasks)
+        if self._pieces is not None:
+            await self._pieces.stop()
 
     async def close(self) -> None:
         """Stop reading and stop the generations still running."""
         await self._iterator.aclose()  # type: ignore[attr-defined]
-        await _cancel(self._tasks)
+        await self.cancel()
         await _close(self._choices)
 
 

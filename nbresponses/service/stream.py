@@ -8,15 +8,90 @@ closing a background or ``retrieve`` stream only stops reading.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Callable, Sequence
 from types import TracebackType
+from typing import Generic, TypeVar
 
 from openai.types.responses import Response, ResponseStreamEvent
 
 from nbresponses.service.run import ResponseRun
 
+T = TypeVar("T")
+C = TypeVar("C")
+P = TypeVar("P")
+S = TypeVar("S", bound="AsyncStream[object]")
 
-class ResponseEventStream:
+
+class AsyncStream(Generic[T]):
+    """What every stream we return shares with the SDK's ``AsyncStream``: iterate it, ``async
+    with`` it (closed on exit). A subclass sets ``_iterator`` and says what ``close`` stops."""
+
+    _iterator: AsyncIterator[T]
+
+    def __aiter__(self) -> AsyncIterator[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        return await self._iterator.__anext__()
+
+    async def __aenter__(self: S) -> S:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+
+class Interleaved(Generic[C, P]):
+    """The pieces of several choices (``n``, or one per prompt), each read by its own task, in
+    the order they arrive: a slow choice never holds back a fast one's chunks. A choice's
+    failure ends the whole stream with its exception, as one HTTP stream would."""
+
+    def __init__(self, choices: Sequence[C], pieces: Callable[[C], AsyncIterator[P]]) -> None:
+        self._choices = choices
+        self._pieces = pieces
+        self._queue: asyncio.Queue[tuple[C, P] | BaseException | None] = asyncio.Queue()
+        self.tasks: list[asyncio.Task[None]] = []
+
+    async def _pump(self, choice: C) -> None:
+        try:
+            async for piece in self._pieces(choice):
+                self._queue.put_nowait((choice, piece))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            self._queue.put_nowait(exc)
+        finally:
+            self._queue.put_nowait(None)
+
+    async def __aiter__(self) -> AsyncIterator[tuple[C, P]]:
+        self.tasks = [asyncio.ensure_future(self._pump(c)) for c in self._choices]
+        running = len(self.tasks)
+        while running:
+            item = await self._queue.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+
+    async def stop(self) -> None:
+        """Cancel the readers and wait for them to end."""
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+class ResponseEventStream(AsyncStream[ResponseStreamEvent]):
     """Iterate it for ``ResponseStreamEvent``s; ``async with`` closes it on exit."""
 
     def __init__(self, run: ResponseRun, *, after: int = -1, owns_run: bool = False) -> None:
@@ -34,24 +109,10 @@ class ResponseEventStream:
         """The response as it stands now (a copy)."""
         return self._run.response.model_copy(deep=True)
 
-    def __aiter__(self) -> AsyncIterator[ResponseStreamEvent]:
-        return self
-
     async def __anext__(self) -> ResponseStreamEvent:
         if self._closed:
             raise StopAsyncIteration
         return await self._iterator.__anext__()
-
-    async def __aenter__(self) -> ResponseEventStream:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def close(self) -> None:
         """Stop reading; a non-background create's own stream also stops the generation."""
