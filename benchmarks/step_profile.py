@@ -58,11 +58,12 @@ class Clock:
         def timed(*args: Any, **kwargs: Any) -> Any:
             if not self.on:
                 return fn(*args, **kwargs)
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.thread_time()
             try:
                 return fn(*args, **kwargs)
             finally:
                 self.seconds[label] += time.perf_counter() - start
+                self.seconds[label + " cpu"] += time.thread_time() - cpu
                 self.calls[label] += 1
 
         return timed
@@ -85,14 +86,7 @@ def engine_profile(
     }
     patched_sampling = {
         name: getattr(sampling, name)
-        for name in (
-            "choose",
-            "token_logprob",
-            "processed_logprob",
-            "biased",
-            "choose_rows",
-            "logprob_rows",
-        )
+        for name in ("choose", "token_logprob", "processed_logprob", "biased")
         if hasattr(sampling, name)
     }
     decoding = {"steps": 0, "wall": 0.0}
@@ -103,12 +97,13 @@ def engine_profile(
         clock.on = full
         if full and profiler is not None:
             profiler.enable()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         try:
             originals["_decode"]()
         finally:
             if full:
                 decoding["wall"] += time.perf_counter() - start
+                clock.seconds["step cpu"] += time.thread_time() - cpu
                 decoding["steps"] += 1
                 rows_total[0] += len(prompts)
                 if profiler is not None:
@@ -118,6 +113,9 @@ def engine_profile(
     run_in_place = scheduler.runner._run_in_place  # one-token and drafted steps alike
     scheduler.runner._run_in_place = clock.wrap("graph run", run_in_place)  # type: ignore[method-assign]
     scheduler._drafts = clock.wrap("drafts", originals["_drafts"])  # type: ignore[method-assign]
+    make = getattr(scheduler.kv, "_make", None)  # in-place KV: new buffers when room runs out
+    if make is not None:
+        scheduler.kv._make = clock.wrap("kv make", make)  # type: ignore[union-attr]
     scheduler._emit = clock.wrap("_emit", originals["_emit"])  # type: ignore[method-assign]
     scheduler._send = clock.wrap("hand-off (post)", originals["_send"])  # type: ignore[method-assign]
     scheduler._decode = decode  # type: ignore[method-assign]
@@ -143,10 +141,13 @@ def engine_profile(
 
     try:
         asyncio.run(run())
+        scheduler.wait_idle(60)  # the last step's rows get their steps before it returns
     finally:
         for name, fn in originals.items():
             setattr(scheduler, name, fn)
         scheduler.runner._run_in_place = run_in_place  # type: ignore[method-assign]
+        if make is not None:
+            scheduler.kv._make = make  # type: ignore[union-attr]
         for name, fn in patched_sampling.items():
             setattr(sampling, name, fn)
         generator_module._Mailbox._drain = drain  # type: ignore[method-assign]
@@ -155,51 +156,63 @@ def engine_profile(
     ms["step (wall, _decode)"] = decoding["wall"] * 1000 / steps
     ms["steps"] = decoding["steps"]
     ms["tokens per step"] = clock.calls["_emit"] / steps
+    ms["graph runs per step"] = clock.calls["graph run"] / steps
     ms["loop drain (main thread, all steps)"] = loop_side["s"] * 1000 / steps
     return ms
 
 
 def print_engine_table(results: dict[str, dict[str, float]]) -> None:
+    """Each cell: wall milliseconds per step, and in brackets the engine thread's CPU
+    milliseconds (``time.thread_time``: what the step's Python costs even on a busy machine;
+    for the graph run only the calling thread's share of ONNX Runtime's work)."""
     labels = list(results)
-    print("| ms per decode step | " + " | ".join(labels) + " |")
+    print("| ms per decode step: wall (engine thread CPU) | " + " | ".join(labels) + " |")
     print("|---|" + "---|" * len(labels))
 
-    def row(name: str, values: list[float], fmt: str = "{:.3f}") -> None:
-        print(f"| {name} | " + " | ".join(fmt.format(v) for v in values) + " |")
+    def get(r: dict[str, float], *keys: str, cpu: bool = False) -> float:
+        return sum(r.get(k + " cpu" if cpu else k, 0.0) for k in keys)
 
-    get = lambda r, k: r.get(k, 0.0)  # noqa: E731
-    row("steps timed", [get(results[k], "steps") for k in labels], "{:.0f}")
-    row(
-        "tokens per step (rows x kept drafts)",
-        [get(results[k], "tokens per step") for k in labels],
-        "{:.2f}",
+    def row(name: str, *keys: str) -> None:
+        cells = [
+            f"{get(results[k], *keys):.3f} ({get(results[k], *keys, cpu=True):.3f})" for k in labels
+        ]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+    print("| steps timed | " + " | ".join(f"{results[k]['steps']:.0f}" for k in labels) + " |")
+    print(
+        "| tokens per step (rows x kept drafts) | "
+        + " | ".join(f"{results[k]['tokens per step']:.2f}" for k in labels)
+        + " |"
     )
-    row("step (wall, `_decode`)", [get(results[k], "step (wall, _decode)") for k in labels])
-    row("graph run (`runner._run_in_place`)", [get(results[k], "graph run") for k in labels])
-    row("speculation's drafts (`_drafts`)", [get(results[k], "drafts") for k in labels])
-    samp = {
-        k: get(r, "choose") + get(r, "choose_rows") + get(r, "biased") for k, r in results.items()
+    parts = {
+        "graph run (`runner._run_in_place`)": ("graph run",),
+        "speculation's drafts (`_drafts`)": ("drafts",),
+        "sampling (choose, logit_bias)": ("choose", "biased"),
+        "logprobs (`token_logprob`, processed)": ("token_logprob", "processed_logprob"),
+        "hand-off, worker side (`_send`)": ("hand-off (post)",),
+        "KV buffers re-made (`kv._make`, every 32 steps)": ("kv make",),
     }
-    lps = {
-        k: get(r, "token_logprob") + get(r, "logprob_rows") + get(r, "processed_logprob")
-        for k, r in results.items()
-    }
-    row("sampling (choose)", [samp[k] for k in labels])
-    row("logprobs (top-20, rank, entropy)", [lps[k] for k in labels])
-    row("hand-off, worker side (`_send`)", [get(results[k], "hand-off (post)") for k in labels])
-    rest = [
-        get(r, "step (wall, _decode)")
-        - get(r, "graph run")
-        - get(r, "drafts")
-        - samp[k]
-        - lps[k]
-        - get(r, "hand-off (post)")
-        for k, r in results.items()
+    for name, keys in parts.items():
+        row(name, *keys)
+    everything = [key for keys in parts.values() for key in keys]
+    cells = []
+    for k in labels:
+        r = results[k]
+        wall = r["step (wall, _decode)"] - get(r, *everything)
+        cpu = r.get("step cpu", 0.0) - get(r, *everything, cpu=True)
+        cells.append(f"{wall:.3f} ({cpu:.3f})")
+    print(
+        "| other Python of the step (`_decode`, `_emit`, `kv.step`) | " + " | ".join(cells) + " |"
+    )
+    cells = [
+        f"{results[k]['step (wall, _decode)']:.3f} ({results[k].get('step cpu', 0.0):.3f})"
+        for k in labels
     ]
-    row("other Python of the step", rest)
-    row(
-        "hand-off, loop side (`_drain`, main thread)",
-        [get(results[k], "loop drain (main thread, all steps)") for k in labels],
+    print("| **whole step (`_decode`)** | " + " | ".join(cells) + " |")
+    print(
+        "| hand-off, loop side (`_drain`, main thread, wall) | "
+        + " | ".join(f"{results[k]['loop drain (main thread, all steps)']:.3f}" for k in labels)
+        + " |"
     )
 
 
@@ -256,6 +269,8 @@ def main() -> None:
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 16])
     parser.add_argument("--skip-ort", action="store_true")
     parser.add_argument("--cprofile", action="store_true", help="cProfile the timed steps")
+    parser.add_argument("--sort", default="tottime", help="cProfile's order (tottime, cumtime)")
+    parser.add_argument("--top", type=int, default=15, help="cProfile's rows")
     args = parser.parse_args()
     prepared = prepare_model(None, args.recipe, progress=False)
     engine = TokenGenerator(prepared, threads=args.threads, prefix_cache_bytes=0)
@@ -279,8 +294,11 @@ def main() -> None:
     engine.close_sync()
     print_engine_table(results)
     for name, profiler in profiles.items():
-        print(f"\n#### cProfile of the timed steps, {name} (tottime, top 15)\n```")
-        pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
+        print(
+            f"\n#### cProfile of the timed steps, {name} ({args.sort}, top {args.top}, "
+            "thread CPU time)\n```"
+        )
+        pstats.Stats(profiler).sort_stats(args.sort).print_stats(args.top)
         print("```")
     if args.skip_ort:
         return
