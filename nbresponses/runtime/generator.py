@@ -9,12 +9,13 @@ await.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from nbresponses.models.cpu import physical_cores
@@ -29,19 +30,49 @@ DEFAULT_KV_BUDGET = 4 << 30  # bytes of running-batch KV (left padding included)
 DEFAULT_PREFIX_CACHE = 512 << 20  # bytes of finished requests' KV kept for reuse
 
 
+class _Held(threading.local):
+    """The mailboxes a thread's held posts went to (None: posts wake their loop at once)."""
+
+    def __init__(self) -> None:
+        self.boxes: list[_Mailbox] | None = None
+
+
+_held = _Held()
+
+
+@contextlib.contextmanager
+def held_posts() -> Iterator[None]:
+    """Posts made inside wake each consumer loop once, at the end: a decode step's rows are
+    handed over together, after the step, so the loop's work (one drain, every consumer) runs
+    while the next step computes (ONNX Runtime releases the GIL) instead of taking the GIL
+    from the worker between two rows of this one."""
+    if _held.boxes is not None:  # nested: the outer one wakes
+        yield
+        return
+    _held.boxes = []
+    try:
+        yield
+    finally:
+        boxes, _held.boxes = _held.boxes, None
+        for box in boxes:
+            box.wake()
+
+
 class _Mailbox:
     """Hands steps from the worker thread to one event loop, one wake-up per batch of steps.
 
     ``call_soon_threadsafe`` per step wakes the loop (a syscall and a loop iteration) once per
     row per decode step; at 16 rows that is 16 wake-ups competing with ONNX Runtime for two
-    cores. Steps posted while a drain is pending ride along with it.
+    cores. Steps posted while a drain is pending ride along with it, and posts inside
+    ``held_posts`` (a decode step) wake the loop once, when it ends.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = weakref.ref(loop)  # weak: the engine keys its mailboxes by loop, weakly
         self._lock = threading.Lock()
         self._items: deque[tuple[asyncio.Queue[Step], Step]] = deque()
-        self._scheduled = False
+        self._scheduled = False  # a drain is pending on the loop
+        self._waking = False  # listed in a thread's held posts
 
     def post(self, queue: asyncio.Queue[Step], step: Step) -> None:
         """Raises RuntimeError when the loop is closed (the scheduler then cancels the row)."""
@@ -52,7 +83,29 @@ class _Mailbox:
             self._items.append((queue, step))
             if self._scheduled:
                 return
+            held = _held.boxes
+            if held is not None:
+                if not self._waking:
+                    self._waking = True
+                    held.append(self)
+                return
             self._scheduled = True
+        self._schedule(loop)
+
+    def wake(self) -> None:
+        """Schedule a drain of what held posts left (the end of ``held_posts``)."""
+        with self._lock:
+            self._waking = False
+            if self._scheduled or not self._items:
+                return
+            self._scheduled = True
+        loop = self._loop()
+        if loop is None or loop.is_closed():
+            return  # nobody will read them; the rows' next post cancels them
+        with contextlib.suppress(RuntimeError):  # closed meanwhile: as above
+            self._schedule(loop)
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
             loop.call_soon_threadsafe(self._drain)
         except RuntimeError:
@@ -189,6 +242,7 @@ class TokenGenerator:
             max_batch_size=max_batch_size,
             kv_budget_bytes=kv_budget_bytes,
             prefix_cache=self.prefix_cache,
+            sending=held_posts,
         )
         self._closed = False
         self._gate: AdmissionGate | None = None

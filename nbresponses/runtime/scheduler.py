@@ -31,12 +31,14 @@ logits, so a constrained row is as exact as a free one (``constraints.py``). A r
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -141,8 +143,12 @@ class Scheduler:
         max_batch_size: int,
         kv_budget_bytes: int,
         prefix_cache: PrefixCache,
+        sending: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
     ) -> None:
+        """``sending()`` wraps a decode step's sends: the generator's hands them over to the
+        consumers' loops together, when the step's rows are all done."""
         self.runner = runner
+        self._sending = sending
         self.stop_ids = frozenset(int(t) for t in stop_ids)
         self.context_length = context_length
         self.max_batch_size = max_batch_size
@@ -460,17 +466,19 @@ class Scheduler:
             return
         self.steps += 1
         finished = []
-        for i, request in enumerate(self.rows):
-            draft = [] if drafts is None else drafts[i]
-            kept, done = self._accept(request, draft, logits[i])
-            if draft:
-                assert isinstance(self.kv, EndPaddedKV)
-                self._count_drafts(request, len(draft), kept)
-                # the last token and the kept drafts are in the cache; the rest are overwritten
-                self.kv.truncate(i, lengths[i] + 1 + kept)
-            if done:
-                finished.append(i)
-                self._cache_answer(request, i)
+        with self._sending():
+            for i, request in enumerate(self.rows):
+                draft = [] if drafts is None else drafts[i]
+                kept, done = self._accept(request, draft, logits[i])
+                if draft:
+                    assert isinstance(self.kv, EndPaddedKV)
+                    self._count_drafts(request, len(draft), kept)
+                    # the last token and the kept drafts are in the cache; the rest are
+                    # overwritten
+                    self.kv.truncate(i, lengths[i] + 1 + kept)
+                if done:
+                    finished.append(i)
+                    self._cache_answer(request, i)
         self._remove(finished)
 
     def _drafts(self) -> list[list[int]] | None:

@@ -34,8 +34,31 @@ def _reference_logprob(logits, token, top, details):
     rank = entropy = None
     if details:
         rank = 1 + int(np.count_nonzero(logp > logp[token]))
-        entropy = float(-(np.exp(logp.astype(np.float64)) * logp).sum())
+        weights = np.exp((logits - logits.max()).astype(np.float64))  # the softmax's terms
+        entropy = float(-(weights * logp).sum() / weights.sum())
     return float(logp[token]), tuple((int(i), float(logp[i])) for i in order), rank, entropy
+
+
+def test_entropy_is_closer_to_float64_than_the_exp_of_rounded_logprobs():
+    """The entropy shares the softmax's exp (one pass over the vocabulary, not two), and is
+    more faithful for it: against a float64 log-softmax, its error is smaller on average and
+    at worst than the former -sum(exp(float32 logp) * logp)'s, on peaked and flat rows."""
+    rng = np.random.default_rng(3)
+    ours, former = [], []
+    for scale in (0.5, 3, 8, 20):
+        for _ in range(10):
+            logits = rng.normal(0, scale, 49152).astype(np.float32)
+            wide = logits.astype(np.float64)
+            lp64 = wide - wide.max()
+            lp64 -= np.log(np.exp(lp64).sum())
+            truth = -(np.exp(lp64) * lp64).sum()
+            logp = sampling.log_softmax(logits)
+            old = -(np.exp(logp.astype(np.float64)) * logp).sum()
+            got = sampling.token_logprob(logits, 0, 0, details=True).entropy
+            ours.append(abs(got - truth) / truth)
+            former.append(abs(old - truth) / truth)
+    assert np.mean(ours) < np.mean(former) / 2
+    assert max(ours) < max(former)
 
 
 def test_token_logprob_gives_the_plain_formula_bit_for_bit():
