@@ -5,6 +5,8 @@ saved once with the bundled tokenizer, so a 49,152 vocabulary), then, for each r
 ``--recipes``:
 
 - prepare into a fresh cache, in a child process: wall time and peak RSS (``ru_maxrss``);
+- ``Engine.load`` of the prepared model in another child process: its peak RSS (Binder gives
+  2 GB to the whole kernel);
 - scoring: ``engine.score_many(method="prefill")`` over ``score.py``'s corpus (tokens/s);
 - decode: 64 greedy tokens (``ignore_eos``) at batch 1 (tok/s after the first token) and 16
   requests at once (aggregate tok/s, p50 time to first token).
@@ -109,6 +111,26 @@ def prepare_child(folder: Path, recipe: str, cache: Path) -> dict[str, float]:
     return {"prepare_s": seconds, "prepare_peak_gb": peak_kib / 2**20}
 
 
+def load_child(folder: Path, recipe: str, cache: Path) -> dict[str, float]:
+    """``Engine.load`` of the prepared model in a child process: its peak RSS."""
+    code = (
+        "import asyncio, resource, sys; import nbresponses as nbr\n"
+        "async def main():\n"
+        "    engine = await nbr.Engine.load(sys.argv[1], quantization=sys.argv[2], "
+        "cache_dir=sys.argv[3], progress=False, store_path='memory')\n"
+        "    await engine.aclose()\n"
+        "asyncio.run(main())\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(folder), recipe, str(cache)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return {"load_peak_gb": int(done.stdout.split()[-1]) / 2**20}
+
+
 async def measure(folder: Path, recipe: str, cache: Path, rounds: int) -> dict[str, float]:
     import nbresponses as nbr
     from nbresponses.tokens.contract import SamplingParams
@@ -164,17 +186,19 @@ def main() -> None:
             with tempfile.TemporaryDirectory(dir=root) as cache:
                 row = {"shape": shape, "recipe": recipe}
                 row.update(prepare_child(folder, recipe, Path(cache)))
+                row.update(load_child(folder, recipe, Path(cache)))
                 row.update(asyncio.run(measure(folder, recipe, Path(cache), args.rounds)))
             print(json.dumps(row), flush=True)
             rows.append(row)
     print(
-        "\n| shape | recipe | prepare | peak RSS | scoring tok/s | x1 tok/s | x16 tok/s "
-        "| x16 TTFT p50 |\n|---|---|---|---|---|---|---|---|"
+        "\n| shape | recipe | prepare | peak RSS | load peak RSS | scoring tok/s | x1 tok/s "
+        "| x16 tok/s | x16 TTFT p50 |\n|---|---|---|---|---|---|---|---|---|"
     )
     for r in rows:
         print(
             f"| {r['shape']} | {r['recipe']} | {r['prepare_s']:.0f} s | "
-            f"{r['prepare_peak_gb']:.2f} GB | {r['score']:.0f} | {r['x1']:.1f} | "
+            f"{r['prepare_peak_gb']:.2f} GB | {r['load_peak_gb']:.2f} GB | "
+            f"{r['score']:.0f} | {r['x1']:.1f} | "
             f"{r['x16']:.1f} | {r['ttft16']:.0f} ms |"
         )
 

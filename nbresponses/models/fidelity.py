@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ import numpy as np
 
 from nbresponses.models.fidelity_set import FIDELITY_SET, Sample, reference_spans, render_ids
 from nbresponses.models.graph_contract import KV_LAYOUT, LOGITS_TO_KEEP, SCATTER_IN_PLACE
+from nbresponses.models.heap import trim_heap
 
 SET_NAME = "nbresponses-fidelity-2"  # bump when the samples or the measure change
 GREEDY_TOKENS = 48  # greedy continuation per prompt (stops earlier at eos)
@@ -224,8 +225,10 @@ def _stop_ids(tokenizer: Any) -> set[int]:
     return {int(eos)} if eos is not None else set()
 
 
-# An ONNX file, or (ids, positions) -> the logits at those positions [len(positions), vocab].
-Reference = Path | Callable[[list[int], np.ndarray], np.ndarray]
+# An ONNX file, or a function from a list of (ids, positions) to the logits at those
+# positions of each [len(positions), vocab], in order (all texts at once: a reference that
+# runs one layer at a time over every text, ``layered.py``, needs them together).
+Reference = Path | Callable[[list[tuple[list[int], np.ndarray]]], Iterable[np.ndarray]]
 
 
 def measure_fidelity(
@@ -238,7 +241,7 @@ def measure_fidelity(
     reference: str = "fp32",
 ) -> FidelityReport:
     """Teacher-forced comparison of a candidate ONNX file with a reference (an ONNX file, or a
-    function giving the logits at given positions of a token list: PyTorch itself) on
+    function giving the logits at given positions of token lists: PyTorch itself) on
     reference and greedy continuations; ``reference`` names it in the report."""
     import onnxruntime as ort
 
@@ -280,20 +283,20 @@ def measure_fidelity(
             for ids, positions in kind:
                 cache.write(logits_at(cand, ids, positions).tobytes())
         del cand
-        reference_logits: Callable[[list[int], np.ndarray], np.ndarray]
+        trim_heap()  # the candidate's weights, before the reference's
+        every = [text for kind in scored.values() for text in kind]
+        references: Iterator[np.ndarray]
         if isinstance(reference_model, Path):
             ref = session(reference_model)
-
-            def reference_logits(ids: list[int], positions: np.ndarray) -> np.ndarray:
-                return logits_at(ref, ids, positions)
+            references = (logits_at(ref, ids, positions) for ids, positions in every)
         else:
-            reference_logits = reference_model
+            references = iter(reference_model(every))
         cache.seek(0)
         by_text: dict[str, _Scores] = {}
         for name, kind in scored.items():
             parts = []
             for ids, positions in kind:
-                a = np.asarray(reference_logits(ids, positions), np.float32)
+                a = np.asarray(next(references), np.float32)
                 b = np.fromfile(cache, np.float32, a.size).reshape(a.shape)
                 parts.append(_score(a, b, np.asarray(ids, np.int64)[positions + 1]))
             by_text[name] = _Scores.concat(parts)

@@ -30,6 +30,7 @@ prefills every request alone).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -359,10 +360,11 @@ def _np(tensor: Any) -> np.ndarray:
 
 
 class _Weights:
-    """The model's tensors by name; remembers which were read, so that none is dropped unseen."""
+    """The model's tensors by name; remembers which were read, so that none is dropped unseen.
+    ``tensors``: the weights of a skeleton ``model`` (``streamed.py``), read one at a time."""
 
-    def __init__(self, model: Any) -> None:
-        self._state = dict(model.state_dict())
+    def __init__(self, model: Any, tensors: Mapping[str, Any] | None = None) -> None:
+        self._state = dict(model.state_dict()) if tensors is None else tensors
         self._read: set[str] = set()
 
     def __contains__(self, key: str) -> bool:
@@ -386,6 +388,7 @@ class _Decoder:
         graph: _Graph | None = None,
         attention: str = "ops",
         smoothing: Smoothing | None = None,
+        tensors: Mapping[str, Any] | None = None,
     ) -> None:
         config = model.config
         check_supported(config)
@@ -394,7 +397,7 @@ class _Decoder:
         self.attention_kind = attention
         self.config = config
         self.arch: Architecture = ARCHITECTURES[config.model_type]
-        self.w = _Weights(model)
+        self.w = _Weights(model, tensors)
         self.g = graph if graph is not None else _Graph()
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = architectures.head_dim(config)
@@ -615,10 +618,8 @@ class _Decoder:
         """The nodes from ``input_ids`` to the final norm; returns the normed hidden states."""
         g, w, arch, layers = self.g, self.w, self.arch, self.config.num_hidden_layers
         shared = self.shared = self.shared_inputs()
-        embed = w["model.embed_tokens.weight"]
-        hidden = g.node(
-            "Gather", [g.weight("model.embed_tokens.weight", embed), "input_ids"], name="embed"
-        )[0]
+        embed = g.weight("model.embed_tokens.weight", w["model.embed_tokens.weight"])
+        hidden = g.node("Gather", [embed, "input_ids"], name="embed")[0]
         if arch.scaled_embeddings:  # Gemma: times sqrt(hidden_size), in the weights' dtype
             scale = np.array(self.config.hidden_size**0.5, np.float32)
             hidden = g.node("Mul", [hidden, g.weight("embed_scale", scale)], name="embed_scale")[0]
@@ -728,6 +729,7 @@ def build_fused_model(
     integer: int | None = None,
     smoothing: Smoothing | None = None,
     outliers: int = 0,
+    tensors: Mapping[str, Any] | None = None,
 ) -> Any:
     """The fused ``onnx.ModelProto`` of a ``…ForCausalLM`` PyTorch model of a family in
     ``architectures.ARCHITECTURES``; ``UnsupportedArchitecture`` for anything else. fp32, or
@@ -740,7 +742,10 @@ def build_fused_model(
 
     ``integer`` (8, or 7 on CPUs without VNNI): every weight matrix as exact integer products
     instead (``_IntegerGraph``: int8 weights per column, uint8 activations per row), with
-    ``smoothing`` (``smoothing.py``) folded into the weights."""
+    ``smoothing`` (``smoothing.py``) folded into the weights.
+
+    ``tensors``: the weights by state-dict name when ``model`` is a skeleton without them
+    (``streamed.py``: read one at a time, so the model is never whole in memory)."""
     from onnx import TensorProto, helper
 
     graph: _Graph
@@ -750,7 +755,7 @@ def build_fused_model(
         graph = _NBitsGraph(bits, weights)
     else:
         graph = _Graph(weights)
-    decoder = _Decoder(model, graph, attention, smoothing)
+    decoder = _Decoder(model, graph, attention, smoothing, tensors)
     decoder.lm_head(decoder.build())
     unread = decoder.w.unread()
     if unread:  # a bias, a norm or a projection this builder does not know: refuse, not drop

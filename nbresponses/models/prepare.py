@@ -42,7 +42,7 @@ from nbresponses.models.recipes import (
     Recipe,
     get_recipe,
 )
-from nbresponses.models.source_model import FUSED_REFERENCE, REFERENCE, SourceModel
+from nbresponses.models.source_model import REFERENCE, SourceModel
 from nbresponses.models.sources import ModelSource, resolve_source
 
 # Bump when the export (EXPORT_VERSION) or a recipe or the fidelity measure (PREPARE_VERSION)
@@ -231,7 +231,7 @@ def _prepare_recipe(
             if recipe.needs_export:
                 fidelity = _fidelity(export_dir, tmp)
             else:
-                fidelity = _fidelity_from_source(recipe, weights, tmp)
+                fidelity = _fidelity_from_source(weights, tmp)
             timings["evaluate"] = round(time.perf_counter() - start, 3)
         write_manifest(
             tmp,
@@ -262,26 +262,16 @@ def _model_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.glob(MODEL_FILE + "*") if p.is_file())
 
 
-def _fidelity_from_source(
-    recipe: Recipe, weights: SourceModel, candidate_dir: Path
-) -> dict[str, Any]:
-    """A graph built from the source's weights, measured without the Optimum export: a
-    quantized one against the fused fp32 graph of the same weights (ONNX Runtime: fast and
-    steady on a busy CPU, where PyTorch's threads stall), the fp32 one against PyTorch."""
-    candidate, tokenizer = candidate_dir / MODEL_FILE, weights.tokenizer
-    if recipe.params.get("bits", 32) == 32:
-        report = measure_fidelity(weights.logits, candidate, tokenizer, reference=REFERENCE)
-        return report.as_dict()
-    reference = candidate_dir / "_reference"
-    reference.mkdir()
-    try:
-        get_recipe("fused-fp32").apply(None, reference / MODEL_FILE, weights)
-        weights.release()  # the weights are in the two graphs now: not a third time in memory
-        report = measure_fidelity(
-            reference / MODEL_FILE, candidate, tokenizer, reference=FUSED_REFERENCE
-        )
-    finally:
-        shutil.rmtree(reference, ignore_errors=True)
+def _fidelity_from_source(weights: SourceModel, candidate_dir: Path) -> dict[str, Any]:
+    """A graph built from the source's weights, measured without the Optimum export, against
+    the fp32 PyTorch model itself (``SourceModel.reference_logits``: a streamed model runs one
+    layer at a time, so no fp32 copy of the whole model is ever in memory)."""
+    report = measure_fidelity(
+        weights.reference_logits,
+        candidate_dir / MODEL_FILE,
+        weights.tokenizer,
+        reference=REFERENCE,
+    )
     return report.as_dict()
 
 

@@ -184,7 +184,10 @@ def fused_graph(bits: int | None) -> Callable[[Any, Path], None]:
     def build(source: Any, target: Path) -> None:
         fused_supported(source)
         weights = target.with_name(target.name + ".data")  # written as the graph is built
-        fused.save_model(fused.build_fused_model(source.model, bits=bits, weights=weights), target)
+        model = fused.build_fused_model(
+            source.model, bits=bits, weights=weights, tensors=source.tensors
+        )
+        fused.save_model(model, target)
 
     return build
 
@@ -192,7 +195,7 @@ def fused_graph(bits: int | None) -> Callable[[Any, Path], None]:
 def fused_integer(source: Any, target: Path) -> None:
     """The fused graph with exact integer matrix products (``fused._IntegerGraph``)."""
     fused_supported(source)
-    smoothing = Smoothing(activation_peaks(source.model, source.tokenizer))
+    smoothing = Smoothing(activation_peaks(source.model, source.tokenizer, tensors=source.tensors))
     weights = target.with_name(target.name + ".data")
     model = fused.build_fused_model(
         source.model,
@@ -200,6 +203,7 @@ def fused_integer(source: Any, target: Path) -> None:
         weights=weights,
         smoothing=smoothing,
         outliers=INTEGER_OUTLIERS,
+        tensors=source.tensors,
     )
     fused.save_model(model, target)
 

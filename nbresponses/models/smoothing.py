@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from nbresponses.models.fidelity_set import Sample, _chat, reference_spans
+from nbresponses.models.layered import forward_all
 
 ALPHA = 0.5  # SmoothQuant's default: the difficulty split evenly between activations and weights
 
@@ -117,11 +118,15 @@ def _module(layer: Any, *names: str) -> Any:
 
 
 def activation_peaks(
-    model: Any, tokenizer: Any, samples: tuple[Sample, ...] = CALIBRATION_SET
+    model: Any,
+    tokenizer: Any,
+    samples: tuple[Sample, ...] = CALIBRATION_SET,
+    *,
+    tensors: Mapping[str, Any] | None = None,
 ) -> dict[str, np.ndarray]:
     """max |x| per input channel of each smoothed linear, over the calibration conversations,
-    from the fp32 PyTorch model (forward pre-hooks on its projections)."""
-    import torch
+    from the fp32 PyTorch model (forward pre-hooks on its projections); ``tensors``: the
+    weights of a skeleton ``model``, run one layer at a time (``layered.py``)."""
 
     inputs: dict[str, Any] = {}
     for i, layer in enumerate(model.model.layers):
@@ -141,10 +146,11 @@ def activation_peaks(
 
     handles = [m.register_forward_pre_hook(hook(n)) for n, m in inputs.items()]
     try:
-        with torch.no_grad():
-            for sample in samples:
-                ids, _ = reference_spans(tokenizer, sample)
-                model(input_ids=torch.tensor([ids], dtype=torch.long), use_cache=False)
+        texts = [(reference_spans(tokenizer, sample)[0], 0) for sample in samples]
+        # every position's logits, as model(ids); PyTorch's own threads: the peaks (and so the
+        # graph) as prepares before streaming computed them
+        for _ in forward_all(model, texts, tensors, fewer_threads=False):
+            pass
     finally:
         for handle in handles:
             handle.remove()

@@ -5,39 +5,34 @@ same model (teacher-forced, as the fidelity report describes), so they need no O
 preparing the bundled model that way skips the export's ~20 s and ~3 GB peak. The files the
 engine reads next to the model (tokenizer, chat template, config.json, generation_config.json)
 are written here as the export writes them.
+
+A Hugging Face folder of safetensors files is streamed (``streamed.py``): the model is a
+skeleton without weights, each weight read when the graph builder or a layer asks for it, so
+a prepare never holds the whole model (a 0.6B model is ~2 GB in fp32). GGUF files (the
+bundled model) and other folders are loaded whole by transformers, as before; both give the
+same graph and the same reference logits (``tests/models/test_streamed.py``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import gc
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from nbresponses.models.cpu import physical_cores
 from nbresponses.models.export import fix_generation_config, load_tokenizer, quiet_export
 from nbresponses.models.fused import load_source_model
 from nbresponses.models.gguf_once import parsed_once
+from nbresponses.models.heap import trim_heap
+from nbresponses.models.layered import Text, forward_all
 from nbresponses.models.sources import ModelSource
+from nbresponses.models.streamed import open_streamed
 
-# What fidelity is measured against for recipes built from here: the fp32 graph against
-# PyTorch, quantized graphs against the fp32 graph (prepare._fidelity_from_source says why).
+# What fidelity is measured against for recipes built from here: the fp32 PyTorch model
+# (layer by layer when streamed: the same logits, bit for bit).
 REFERENCE = "PyTorch fp32"
-FUSED_REFERENCE = "fused fp32 (ONNX Runtime)"
-
-
-def _trim_heap() -> None:
-    """Return freed heap memory to the system. glibc keeps it otherwise: it serves blocks up to
-    32 MB from its heap once a larger block was freed (the GGUF loader's dequantized arrays),
-    and the model's layers are such blocks; measured: dropping the bundled model gave back
-    110 MB of its 540 MB without this."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 class SourceModel:
@@ -66,14 +61,26 @@ class SourceModel:
 
     @cached_property
     def model(self) -> Any:
-        """The fp32 ``…ForCausalLM`` in eval mode, its eos / pad ids the tokenizer's."""
-        model = load_source_model(self.source)
+        """The fp32 ``…ForCausalLM`` in eval mode, its eos / pad ids the tokenizer's: loaded
+        whole, or a skeleton whose weights are ``tensors`` (a folder of safetensors files)."""
+        opened = None
+        if self.source.gguf_file is None:
+            with quiet_export():
+                opened = open_streamed(self.source.path, self.config)
+        if opened is None:
+            model, self.tensors = load_source_model(self.source), None
+        else:
+            model, self.tensors = opened
+            model.generation_config = _generation_config(self.source.path, model)
         tokenizer = self.tokenizer
         for config in (model.config, model.generation_config):
             if config is not None:
                 config.eos_token_id = tokenizer.eos_token_id
                 config.pad_token_id = tokenizer.pad_token_id
         return model
+
+    # The weights of a streamed ``model`` by state-dict name (None: the model holds them).
+    tensors: Mapping[str, Any] | None = None
 
     @property
     def loaded(self) -> bool:
@@ -92,8 +99,8 @@ class SourceModel:
         """Drop the weights (before another step loads the model its own way) and give their
         memory back to the system."""
         if self.__dict__.pop("model", None) is not None:
-            gc.collect()
-            _trim_heap()
+            self.tensors = None
+            trim_heap()
 
     def write_files(self, folder: Path) -> None:
         """What the engine reads beside the model file, as the Optimum export leaves it:
@@ -105,25 +112,22 @@ class SourceModel:
             model.generation_config.save_pretrained(str(folder))
         fix_generation_config(folder, tokenizer)
 
-    def logits(self, ids: list[int], positions: np.ndarray) -> np.ndarray:
-        """fp32 logits [len(positions), vocab] at ``positions`` of one forward pass over
-        ``ids`` (teacher forcing). The LM head (a fifth of the model) runs on those positions
-        only: fidelity scores the answers' tokens, not the prompts'."""
+    def reference_logits(self, texts: Sequence[Text]) -> Iterator[np.ndarray]:
+        """fp32 logits [kept positions, vocab] of each (ids, positions to keep) in order, from
+        one forward pass over the ids (teacher forcing). The LM head (a fifth of a small model)
+        runs on the kept positions only: fidelity scores the answers' tokens, not the prompts'."""
         import torch
 
-        keep = torch.as_tensor(np.asarray(positions, np.int64))
-        # One thread less than the cores: PyTorch's OpenMP threads wait for each other at every
-        # op, and one descheduled thread stalls them all (on 2 busy cores, measured: 300
-        # tokens in 1.5-2 s with 1 thread, 10-38 s with 2).
-        threads = torch.get_num_threads()
-        torch.set_num_threads(max(1, min(threads, physical_cores() - 1)))
-        try:
-            with torch.no_grad():  # transformers computes the LM head at ``logits_to_keep`` only
-                out = self.model(
-                    input_ids=torch.tensor([ids], dtype=torch.long),
-                    use_cache=False,
-                    logits_to_keep=keep,
-                )
-        finally:
-            torch.set_num_threads(threads)
-        return out.logits[0].float().numpy()
+        kept = [(ids, torch.as_tensor(np.asarray(keep, np.int64))) for ids, keep in texts]
+        return forward_all(self.model, kept, self.tensors)
+
+
+def _generation_config(folder: Path, model: Any) -> Any:
+    """What ``from_pretrained`` gives a model: the folder's generation config, else one made
+    from the model's config."""
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(str(folder))
+    except OSError:
+        return model.generation_config

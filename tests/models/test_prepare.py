@@ -144,7 +144,7 @@ def test_fused_recipes_are_built_from_the_source_without_an_export(
     assert prepared.size_bytes == sum(
         (prepared.path / n).stat().st_size for n in ("model.onnx", "model.onnx.data")
     )
-    assert prepared.fidelity["reference"] == "fused fp32 (ONNX Runtime)"
+    assert prepared.fidelity["reference"] == "PyTorch fp32"
     assert set(prepared.manifest["timings"]) == {"load", "quantize", "evaluate"}
     fp32 = prepare_model(tiny_source, "fused-fp32", cache_dir=tmp_path, progress=False)
     assert fp32.fidelity["reference"] == "PyTorch fp32"
