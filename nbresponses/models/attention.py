@@ -5,8 +5,9 @@ multi-token step (its numbers differ by ~3e-7 at the same position), and it refu
 rows with more than one new token each and a past. So a verified speculation step, a decode step
 that carries a prompt chunk, and a batch of prompts with cached prefixes could not give the
 numbers a plain decode step gives. Written with MatMul and Softmax, attention gives a token the
-same bits whatever the step shape, batch and buffer width (``benchmarks/attention.py`` measures
-it on one operator, ``tests/models/test_fused.py`` on whole graphs), because:
+same bits whatever the step shape, batch and buffer width (``benchmarks/attention.py`` and
+``benchmarks/attention_layout.py`` measure it on one operator, ``tests/models/test_fused.py``
+on whole graphs), because:
 
 - each score is one dot product over the head (MLAS sums it in the same order for any number of
   rows of the matrix multiply, as long as there are at least two: a single row takes another
@@ -19,7 +20,12 @@ it on one operator, ``tests/models/test_fused.py`` on whole graphs), because:
 
 Layout: every row's tokens sit at columns 0..length-1 of ``[B, kv_heads, capacity, head_dim]``
 buffers; a token at position p sees columns 0..p (and, on a sliding-window layer, only the last
-``window`` of them). The caller gives buffers with room for the new columns.
+``window`` of them). The caller gives buffers with room for the new columns. The queries of all
+the step's positions that share a KV head are the rows of one product with that head's keys
+(``[B, kv, S * group, head_dim]``, a transpose of the projection's ``[B, S, heads * head_dim]``),
+so a prefill run packs each head's keys once, not once per position (measured in
+``benchmarks/attention_layout.py``: the same bits as a product per position, 2-4x faster on
+prompt runs of 64-370 tokens).
 """
 
 from __future__ import annotations
@@ -80,7 +86,20 @@ class StepTensors:
             name="columns",
         )[0]
         self._columns = columns  # [W]
-        self._positions = node("Unsqueeze", ["position_ids", c("axis2", 2)], name="pos3")[0]
+        # [B, S * rows, 1]: the position of each query row of a KV head's product (each
+        # position repeated for the query heads of its group), against the columns
+        rows = self.rows
+        repeated = node(
+            "Expand",
+            [
+                node("Unsqueeze", ["position_ids", c("axis2", 2)], name="pos3")[0],
+                c("one_one_rows", [1, 1, rows]),
+            ],
+            name="pos_rows",
+        )[0]  # [B, S, rows]
+        self._positions = node(
+            "Reshape", [repeated, c("b_rows_1", [0, -1, 1])], name="pos_rows_flat"
+        )[0]
         self._causal = node("LessOrEqual", [columns, self._positions], name="causal")[0]
         self.bias = self._bias(self._causal, "bias")
         self._windows: dict[int, str] = {}
@@ -91,15 +110,22 @@ class StepTensors:
             "Concat", [ids_shape, c("kv_one", [shape.kv_heads, 1])], name="index_shape", axis=0
         )[0]
         batch = node("Gather", [ids_shape, c("zero", 0, scalar=True)], name="batch")[0]
-        rows = node(
+        batch_rows = node(
             "Range", [c("zero_s", 0, scalar=True), batch, c("one_s", 1, scalar=True)], name="rows"
         )[0]
-        row_index = node("Reshape", [rows, c("b111", [-1, 1, 1, 1])], name="row_index")[0]
+        row_index = node("Reshape", [batch_rows, c("b111", [-1, 1, 1, 1])], name="row_index")[0]
         head_index = c("heads", np.arange(shape.kv_heads).reshape(1, 1, -1, 1))
         at = node("Unsqueeze", ["position_ids", c("axes23", [2, 3])], name="pos4")[0]
         sources = ((row_index, "rows"), (head_index, "heads"), (at, "positions"))
         parts = [node("Expand", [x, index_shape], name=f"index_{n}")[0] for x, n in sources]
         self.scatter_index = node("Concat", parts, name="scatter_index", axis=-1)[0]
+
+    @property
+    def rows(self) -> int:
+        """Query rows per position and KV head: the group, or 2 where it is 1 (a one-row
+        product would take another kernel)."""
+        shape = self.shape
+        return 2 if shape.duplicated else shape.heads // shape.kv_heads
 
     def _const(self, name: str, value: Any, *, scalar: bool = False) -> str:
         """An int64 constant, made once per graph whatever the number of layers using it."""
@@ -113,13 +139,13 @@ class StepTensors:
     const = _const
 
     def _bias(self, visible: str, name: str) -> str:
-        """[B, S, W] bool -> [B, S, 1, 1, W] float: 0 where visible, -inf elsewhere (it
-        broadcasts over the KV heads and the query group of the scores [B, S, kv, group, W])."""
+        """[B, S * rows, W] bool -> [B, 1, S * rows, W] float: 0 where visible, -inf elsewhere
+        (it broadcasts over the KV heads of the scores [B, kv, S * rows, W])."""
         g, c = self.g, self._const
         zero = g.weight(f"attn/{name}/zero", np.array(0.0, np.float32))
         masked = g.weight(f"attn/{name}/masked", np.array(-np.inf, np.float32))
         bias = g.node("Where", [visible, zero, masked], name=f"attn/{name}/where")[0]
-        return g.node("Unsqueeze", [bias, c("axes23", [2, 3])], name=f"attn/{name}/rows")[0]
+        return g.node("Unsqueeze", [bias, c("axis1", [1])], name=f"attn/{name}/heads")[0]
 
     def window_bias(self, window: int) -> str:
         """The bias of a sliding-window layer: a token at p sees the ``window`` keys after
@@ -177,19 +203,18 @@ def attention(
             "ScatterND", [buffer, step.scatter_index, split[0]], [out], name=f"{name}/{which}_write"
         )[0]
 
-    keys = to_buffer(k, "k", past[0], present[0])
+    keys = to_buffer(k, "k", past[0], present[0])  # [B, kv, W, hd]
     values = to_buffer(v, "v", past[1], present[1])
-    # [B, 1, kv, W, hd]: one matrix per (row, head) for every position of the step
-    keys, values = (
-        g.node("Unsqueeze", [t, const("axis1", [1])], name=f"{name}/{n}_rows")[0]
-        for t, n in ((keys, "k"), (values, "v"))
-    )
-    per_kv = shape.heads // kv
+    group, rows = shape.heads // kv, step.rows
     queries = g.node(
-        "Reshape", [q, const(f"bs_kv_{per_kv}_hd", [0, 0, kv, per_kv, hd])], name=f"{name}/q5"
-    )[0]  # [B, S, kv, group, hd]: no transpose, each position's queries multiply on their own
+        "Reshape", [q, const(f"bs_kv_{group * hd}", [0, 0, kv, group * hd])], name=f"{name}/q4"
+    )[0]  # [B, S, kv, group * hd]
     if shape.duplicated:  # one query head per KV head: two rows, so the product takes MLAS's
         queries = g.node("Concat", [queries, queries], name=f"{name}/q_twice", axis=3)[0]
+    queries = g.node("Transpose", [queries], name=f"{name}/q_heads", perm=[0, 2, 1, 3])[0]
+    queries = g.node(
+        "Reshape", [queries, const("b_kv_rows_hd", [0, 0, -1, hd])], name=f"{name}/q_rows"
+    )[0]  # [B, kv, S * rows, hd]: one product per (row, KV head), all positions as its rows
     scores = g.node(
         "FusedMatMul",
         [queries, keys],
@@ -197,7 +222,7 @@ def attention(
         domain="com.microsoft",
         transB=1,
         alpha=float(scale),
-    )[0]  # [B, S, kv, group, W]
+    )[0]  # [B, kv, S * rows, W]
     if softcap:
         cap = g.weight(f"{name}/softcap", np.array(softcap, np.float32))
         scores = g.node("Div", [scores, cap], name=f"{name}/softcap_div")[0]
@@ -206,13 +231,19 @@ def attention(
     bias = step.bias if window is None else step.window_bias(window)
     scores = g.node("Add", [scores, bias], name=f"{name}/mask")[0]
     probs = g.node("Softmax", [scores], name=f"{name}/softmax", axis=-1)[0]
-    context = g.node("MatMul", [probs, values], name=f"{name}/context")[0]  # [B, S, kv, group, hd]
+    context = g.node("MatMul", [probs, values], name=f"{name}/context")[0]  # [B, kv, S*rows, hd]
+    context = g.node(
+        "Reshape",
+        [context, const(f"b_kv_s_{rows * hd}", [0, 0, -1, rows * hd])],
+        name=f"{name}/context_positions",
+    )[0]  # [B, kv, S, rows * hd]
     if shape.duplicated:
         context = g.node(
             "Slice",
-            [context, const("zero1", [0]), const("one1", [1]), const("axis3", [3])],
+            [context, const("zero1", [0]), const(f"hd{hd}", [hd]), const("axis3", [3])],
             name=f"{name}/context_once",
         )[0]
+    context = g.node("Transpose", [context], name=f"{name}/context_tokens", perm=[0, 2, 1, 3])[0]
     return g.node(
         "Reshape", [context, const("b_s_hidden", [0, 0, shape.heads * hd])], name=f"{name}/context3"
     )[0]

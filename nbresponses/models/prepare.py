@@ -51,7 +51,8 @@ from nbresponses.models.sources import ModelSource, resolve_source
 # measured against PyTorch fp32.
 EXPORT_VERSION = 1
 # 4: the fused graph's attention from standard operators (one computation for every step shape).
-PREPARE_VERSION = 4
+# 5: that attention as one product per KV head (all positions' queries as its rows).
+PREPARE_VERSION = 5
 _VERSIONED = (
     "nbresponses",
     "onnxruntime",
