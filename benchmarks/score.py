@@ -1,9 +1,9 @@
 """Tokens scored per second: the engine's scorings against llama.cpp and PyTorch, in one run.
 
 The corpus is the built-in fidelity set's conversations (``models/fidelity_set.py``), joined
-into 8 documents of about 300 tokens (~2,500 tokens in all), scored as plain text: the
-logprob of every token given the ones before it. Systems, round-robin, medians of
-``--rounds``:
+into 8 documents of about 370 tokens (~2,900 tokens in all; ``--documents 8``: 16 of about 185),
+scored as plain text: the logprob of every token given the ones before it. Systems,
+round-robin, medians of ``--rounds``:
 
 - the engine (``Engine.score_many``), for each recipe in ``--recipes``, ``method="prefill"``
   (every position in prefill runs) and ``method="decode"`` (each token as a generation step,
@@ -115,9 +115,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--recipes", nargs="+", default=["fused-q8", "analysis"])
     parser.add_argument("--skip", nargs="*", default=[], help="torch llama.cpp")
+    parser.add_argument(
+        "--documents",
+        type=int,
+        default=4,
+        help="the set's turns in 2x this many documents (4: ~370 tokens each; 8: ~185)",
+    )
+    parser.add_argument("--methods", nargs="+", default=["prefill", "decode"])
     args = parser.parse_args()
 
-    texts = corpus()
+    texts = corpus(args.documents)
     engines = {}
     for recipe in args.recipes:
         prepared = prepare_model(None, recipe, progress=False)
@@ -130,7 +137,7 @@ def main() -> None:
 
     systems: dict[str, Callable[[], dict]] = {}
     for recipe, engine in engines.items():
-        for method in ("prefill", "decode"):
+        for method in args.methods:
             systems[f"engine {recipe} {method}"] = engine_runner(engine, texts, method)
     if "llama.cpp" not in args.skip:
         try:
