@@ -30,7 +30,7 @@ prefills every request alone).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -251,35 +251,17 @@ class _IntegerGraph(_Graph):
     be one node, but it quantizes the whole tensor with one scale, which makes a row depend on
     its batch-mates.
 
-    ``passes=2`` (the residual pass): each row is quantized twice, its value and then what the
-    first rounding lost (``x / s - round(x / s)``, at 1/254 of the step), both stacked as rows
-    of ONE product and the two outputs added: ~15-bit activations, for twice the integer work
-    but the weights read once (batch-1 decode reads memory, not compute). The activation error
-    that per-row scales leave (outlier channels, the reason for smoothing) then all but goes,
-    and what remains is the weights' per-column rounding. ``two_pass`` says which products get
-    it (by linear name; all when None).
-
     Without VNNI, MLAS multiplies uint8 by int8 with ``vpmaddubsw``, which adds pairs of
     products in int16 and saturates (255 * 127 * 2 > 32767); ``weight_bits=7`` keeps weights in
     [-63, 63], where no pair can saturate (ONNX Runtime's ``reduce_range`` for the same reason).
     """
 
     def __init__(
-        self,
-        weights: Path | None = None,
-        *,
-        weight_bits: int = 8,
-        outliers: int = 0,
-        passes: int = 1,
-        two_pass: Callable[[str], bool] | None = None,
+        self, weights: Path | None = None, *, weight_bits: int = 8, outliers: int = 0
     ) -> None:
         super().__init__(weights)
-        if passes not in (1, 2):
-            raise ValueError(f"passes must be 1 or 2, got {passes}")
         self.limit = float(2 ** (weight_bits - 1) - 1)
         self.outliers = outliers
-        self.passes = passes
-        self.two_pass = two_pass
         self._consts: dict[str, str] = {}
 
     def _const(self, name: str, value: np.ndarray) -> str:
@@ -308,10 +290,9 @@ class _IntegerGraph(_Graph):
         The others' product reads the whole row with those channels zeroed (a ``Mul`` by a
         constant mask, and zero weight rows: the same integer sums as leaving them out) rather
         than a ``Gather`` of the channels kept, which copies the row element by element (measured:
-        ~20% of a prefill). Two-pass products need no outliers apart."""
-        passes = self.passes if self.two_pass is None or self.two_pass(name) else 1
-        if passes == 2 or peaks is None or not 0 < self.outliers < weight.shape[0] // 2:
-            return self._integer_product(x, weight, name=name, output=f"{name}/out0", passes=passes)
+        ~20% of a prefill)."""
+        if peaks is None or not 0 < self.outliers < weight.shape[0] // 2:
+            return self._integer_product(x, weight, name=name, output=f"{name}/out0")
         apart = np.sort(np.argsort(-np.asarray(peaks), kind="stable")[: self.outliers])
         keep = np.ones(weight.shape[0], np.float32)
         keep[apart] = 0
@@ -336,11 +317,8 @@ class _IntegerGraph(_Graph):
         ]
         return self.node("Add", groups, [f"{name}/out0"], name=name)[0]
 
-    def _integer_product(
-        self, x: str, weight: np.ndarray, *, name: str, output: str, passes: int = 1
-    ) -> str:
+    def _integer_product(self, x: str, weight: np.ndarray, *, name: str, output: str) -> str:
         q, scale = self.quantize_weight(weight)
-        n = weight.shape[1]
         # per row: scale = max(|x|) / 127; x in units of it, then uint8 = round(x / scale) + 128
         # (a per-tensor QuantizeLinear of the quotient: one scalar scale and zero point, no
         # per-row zero-point tensor to build)
@@ -367,56 +345,18 @@ class _IntegerGraph(_Graph):
             [steps, self._const("one", np.array(1, np.float32)), zero_128],
             name=f"{name}/quantize",
         )[0]
-        scales = row_scale
-        if passes == 2:
-            # what rounding lost, in [-0.5, 0.5] steps, quantized at 1/254 of a step
-            lost = self.node(
-                "Sub",
-                [steps, self.node("Round", [steps], name=f"{name}/rounded")[0]],
-                name=f"{name}/lost",
-            )[0]
-            residual = self.node(
-                "QuantizeLinear",
-                [lost, self._const("inv254", np.array(1 / 254, np.float32)), zero_128],
-                name=f"{name}/quantize_lost",
-            )[0]
-            # both as rows of one product ([B, 2S, K]: each batch row's values, then its
-            # residuals), each row with its own scale
-            quantized = self.node("Concat", [quantized, residual], name=f"{name}/stack", axis=-2)[0]
-            fine = self.node(
-                "Mul",
-                [row_scale, self._const("inv254", np.array(1 / 254, np.float32))],
-                name=f"{name}/lost_scale",
-            )[0]
-            scales = self.node("Concat", [row_scale, fine], name=f"{name}/stack_scales", axis=-2)[0]
-        product = self.node(
+        return self.node(
             "MatMulIntegerToFloat",
             [
                 quantized,
                 self.weight(f"{name}.weight_int8", q),
-                scales,
+                row_scale,
                 self.weight(f"{name}.weight_scale", scale),
                 zero_128,
             ],
-            [output] if passes == 1 else 1,
-            name=name if passes == 1 else f"{name}/product",
-            domain="com.microsoft",
-        )[0]
-        if passes == 1:
-            return product
-        # [B, 2S, N] -> [B, 2, S, N] (no copy), and the two halves added: a + b is the same
-        # bits in either order, so the sum is the row's alone
-        halves = self.node(
-            "Reshape",
-            [product, self._const(f"halves_{n}", np.array([0, 2, -1, n], np.int64))],
-            name=f"{name}/halves",
-        )[0]
-        return self.node(
-            "ReduceSum",
-            [halves, self._const("axis_1", np.array([1], np.int64))],
             [output],
             name=name,
-            keepdims=0,
+            domain="com.microsoft",
         )[0]
 
 
@@ -795,8 +735,6 @@ def build_fused_model(
     smoothing: Smoothing | None = None,
     outliers: int = 0,
     tensors: Mapping[str, Any] | None = None,
-    passes: int = 1,
-    two_pass: Callable[[str], bool] | None = None,
 ) -> Any:
     """The fused ``onnx.ModelProto`` of a ``…ForCausalLM`` PyTorch model of a family in
     ``architectures.ARCHITECTURES``; ``UnsupportedArchitecture`` for anything else. fp32, or
@@ -809,9 +747,7 @@ def build_fused_model(
 
     ``integer`` (8, or 7 on CPUs without VNNI): every weight matrix as exact integer products
     instead (``_IntegerGraph``: int8 weights per column, uint8 activations per row), with
-    ``smoothing`` (``smoothing.py``) folded into the weights; ``passes=2``: each row's
-    activations quantized twice, value and residual (``_IntegerGraph``), on the products
-    ``two_pass`` names (all when None).
+    ``smoothing`` (``smoothing.py``) folded into the weights.
 
     ``tensors``: the weights by state-dict name when ``model`` is a skeleton without them
     (``streamed.py``: read one at a time, so the model is never whole in memory)."""
@@ -819,9 +755,7 @@ def build_fused_model(
 
     graph: _Graph
     if integer is not None:
-        graph = _IntegerGraph(
-            weights, weight_bits=integer, outliers=outliers, passes=passes, two_pass=two_pass
-        )
+        graph = _IntegerGraph(weights, weight_bits=integer, outliers=outliers)
     elif bits is not None:
         graph = _NBitsGraph(bits, weights)
     else:

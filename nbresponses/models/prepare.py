@@ -51,7 +51,8 @@ from nbresponses.models.sources import ModelSource, resolve_source
 # measured against PyTorch fp32.
 EXPORT_VERSION = 1
 # 4: the fused graph's attention from standard operators (one computation for every step shape).
-# 5: that attention as one product per KV head (all positions' queries as its rows).
+# 5: that attention as one product per KV head (all positions' queries as its rows); the
+# integer products' outlier split through a mask, not a Gather.
 PREPARE_VERSION = 5
 _VERSIONED = (
     "nbresponses",
