@@ -237,7 +237,7 @@ class _NBitsGraph(_Graph):
         )[0]
 
 
-class _IntegerGraph(_Graph):
+class _IntegerGraph(_NBitsGraph):
     """Exact integer matrix products: int8 weights with one scale per output column, and each
     row of activations quantized at run time to uint8 (zero point 128, one scale per row:
     ``max |x| / 127``), multiplied by ``MatMulIntegerToFloat``.
@@ -254,12 +254,23 @@ class _IntegerGraph(_Graph):
     Without VNNI, MLAS multiplies uint8 by int8 with ``vpmaddubsw``, which adds pairs of
     products in int16 and saturates (255 * 127 * 2 > 32767); ``weight_bits=7`` keeps weights in
     [-63, 63], where no pair can saturate (ONNX Runtime's ``reduce_range`` for the same reason).
+
+    ``blocks``: the products (by the end of their name, e.g. ``"/down"``) kept in 8-bit blocks
+    of 32 as ``fused-q8`` keeps them (MatMulNBits, the base class): per-column weight scales
+    lose most on the MLP's down projections, and with those in blocks the recipe is as faithful
+    as ``fused-q8`` (docs/concepts/models.md, "The integer recipe").
     """
 
     def __init__(
-        self, weights: Path | None = None, *, weight_bits: int = 8, outliers: int = 0
+        self,
+        weights: Path | None = None,
+        *,
+        weight_bits: int = 8,
+        outliers: int = 0,
+        blocks: tuple[str, ...] = (),
     ) -> None:
-        super().__init__(weights)
+        super().__init__(8, weights)
+        self.blocks = blocks
         self.limit = float(2 ** (weight_bits - 1) - 1)
         self.outliers = outliers
         self._consts: dict[str, str] = {}
@@ -291,6 +302,8 @@ class _IntegerGraph(_Graph):
         constant mask, and zero weight rows: the same integer sums as leaving them out) rather
         than a ``Gather`` of the channels kept, which copies the row element by element (measured:
         ~20% of a prefill)."""
+        if name.endswith(self.blocks):  # () matches nothing
+            return super().linear(x, weight, name=name)
         if peaks is None or not 0 < self.outliers < weight.shape[0] // 2:
             return self._integer_product(x, weight, name=name, output=f"{name}/out0")
         apart = np.sort(np.argsort(-np.asarray(peaks), kind="stable")[: self.outliers])
@@ -734,6 +747,7 @@ def build_fused_model(
     integer: int | None = None,
     smoothing: Smoothing | None = None,
     outliers: int = 0,
+    blocks: tuple[str, ...] = (),
     tensors: Mapping[str, Any] | None = None,
 ) -> Any:
     """The fused ``onnx.ModelProto`` of a ``…ForCausalLM`` PyTorch model of a family in
@@ -747,7 +761,8 @@ def build_fused_model(
 
     ``integer`` (8, or 7 on CPUs without VNNI): every weight matrix as exact integer products
     instead (``_IntegerGraph``: int8 weights per column, uint8 activations per row), with
-    ``smoothing`` (``smoothing.py``) folded into the weights.
+    ``smoothing`` (``smoothing.py``) folded into the weights, and ``blocks`` (ends of product
+    names) kept in 8-bit blocks instead.
 
     ``tensors``: the weights by state-dict name when ``model`` is a skeleton without them
     (``streamed.py``: read one at a time, so the model is never whole in memory)."""
@@ -755,7 +770,7 @@ def build_fused_model(
 
     graph: _Graph
     if integer is not None:
-        graph = _IntegerGraph(weights, weight_bits=integer, outliers=outliers)
+        graph = _IntegerGraph(weights, weight_bits=integer, outliers=outliers, blocks=blocks)
     elif bits is not None:
         graph = _NBitsGraph(bits, weights)
     else:

@@ -207,12 +207,17 @@ def test_long_rope_stops_at_the_original_context(arch) -> None:
 
 
 def _integer_graph(model, tokenizer):
-    """The ``fused-int8`` recipe's graph: smoothing calibrated on the model, outliers apart."""
-    from nbresponses.models.recipes import INTEGER_OUTLIERS, INTEGER_WEIGHT_BITS
+    """The ``fused-int8`` recipe's graph: smoothing calibrated on the model, outliers apart,
+    the down projections in 8-bit blocks."""
+    from nbresponses.models.recipes import INTEGER_BLOCKS, INTEGER_OUTLIERS, INTEGER_WEIGHT_BITS
 
     smoothing = Smoothing(activation_peaks(model, tokenizer))
     return build_fused_model(
-        model, integer=INTEGER_WEIGHT_BITS, smoothing=smoothing, outliers=INTEGER_OUTLIERS
+        model,
+        integer=INTEGER_WEIGHT_BITS,
+        smoothing=smoothing,
+        outliers=INTEGER_OUTLIERS,
+        blocks=INTEGER_BLOCKS,
     )
 
 

@@ -8,7 +8,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from nbresponses.models.fused import OPSET, _IntegerGraph
+from nbresponses.models.fused import OPSET, _IntegerGraph, _NBitsGraph
 from nbresponses.models.smoothing import Smoothing
 
 K, N = 96, 40
@@ -122,3 +122,22 @@ def test_the_smoothing_factor() -> None:
     assert np.allclose(factor, [2.0, 1.0, 1.0, 1.5])  # sqrt(a / w); 1 where a or w is 0
     factor = Smoothing({"lin": peaks}, alpha=0.75).factor("lin", weights)
     assert np.isclose(factor[0], 4.0**0.75 / 1.0**0.25)
+
+
+def test_products_named_in_blocks_are_the_8_bit_block_product(data) -> None:
+    """``blocks`` (the recipe keeps the down projections so): that product is fused-q8's
+    MatMulNBits, the same weights and bits as an _NBitsGraph's, and the other products stay
+    integer."""
+    x, weight = data
+    mixed = _IntegerGraph(outliers=4, blocks=("/down",))
+    down = mixed.linear("x", weight, name="layer/down", peaks=np.abs(x).max(axis=(0, 1)))
+    assert [n.op_type for n in mixed.nodes] == ["MatMulNBits"]
+    blocks = _NBitsGraph(8)
+    reference = blocks.linear("x", weight, name="layer/down")
+    assert np.array_equal(_session(mixed, down)(x), _session(blocks, reference)(x))
+    integer = _IntegerGraph(blocks=("/down",))
+    out = integer.linear("x", weight, name="layer/qkv")
+    assert "MatMulIntegerToFloat" in {n.op_type for n in integer.nodes}
+    plain = _IntegerGraph()
+    expected = _session(plain, plain.linear("x", weight, name="layer/qkv"))(x)
+    assert np.array_equal(_session(integer, out)(x), expected)
