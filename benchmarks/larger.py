@@ -4,7 +4,7 @@ No hub: a randomly initialised model of a real model's shape is built with trans
 saved once with the bundled tokenizer, so a 49,152 vocabulary), then, for each recipe in
 ``--recipes``:
 
-- prepare into a fresh cache, in a child process: wall time and peak RSS (``ru_maxrss``);
+- prepare into a fresh cache, in a child process: wall time and peak RSS (``VmHWM``);
 - ``Engine.load`` of the prepared model in another child process: its peak RSS (Binder gives
   2 GB to the whole kernel);
 - scoring: ``engine.score_many(method="prefill")`` over ``score.py``'s corpus (tokens/s);
@@ -92,12 +92,20 @@ def model_folder(shape: str, root: Path) -> Path:
     return folder
 
 
+# A child's own peak RSS: VmHWM, which exec resets. Not ``getrusage``'s ``ru_maxrss``: Linux
+# carries the parent's peak across fork and exec into it, so a child of this process (which
+# holds the random model) reported at least the parent's size (earlier tables' peaks).
+PEAK = (
+    "print(next(int(line.split()[1]) for line in open('/proc/self/status') "
+    "if line.startswith('VmHWM')))"
+)
+
+
 def prepare_child(folder: Path, recipe: str, cache: Path) -> dict[str, float]:
     """Prepare in a child process: its wall time and peak RSS."""
     code = (
-        "import resource, sys; from nbresponses.models.prepare import prepare_model; "
-        "prepare_model(sys.argv[1], sys.argv[2], cache_dir=sys.argv[3], progress=False); "
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+        "import sys; from nbresponses.models.prepare import prepare_model; "
+        "prepare_model(sys.argv[1], sys.argv[2], cache_dir=sys.argv[3], progress=False)\n" + PEAK
     )
     start = time.perf_counter()
     done = subprocess.run(
@@ -114,13 +122,12 @@ def prepare_child(folder: Path, recipe: str, cache: Path) -> dict[str, float]:
 def load_child(folder: Path, recipe: str, cache: Path) -> dict[str, float]:
     """``Engine.load`` of the prepared model in a child process: its peak RSS."""
     code = (
-        "import asyncio, resource, sys; import nbresponses as nbr\n"
+        "import asyncio, sys; import nbresponses as nbr\n"
         "async def main():\n"
         "    engine = await nbr.Engine.load(sys.argv[1], quantization=sys.argv[2], "
         "cache_dir=sys.argv[3], progress=False, store_path='memory')\n"
         "    await engine.aclose()\n"
-        "asyncio.run(main())\n"
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+        "asyncio.run(main())\n" + PEAK
     )
     done = subprocess.run(
         [sys.executable, "-c", code, str(folder), recipe, str(cache)],
