@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 from functools import partial
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -136,8 +137,9 @@ def ops_session() -> ort.InferenceSession:
     return _session(graph)
 
 
-def _run_in_place(session, feeds: dict, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Run with the KV buffers bound as both past and present; returns ``out``."""
+def bind_in_place(session, feeds: dict, keys: np.ndarray, values: np.ndarray) -> Any:
+    """An IO binding with the KV buffers bound as both past and present (the graph writes the
+    new columns into them), the feeds, and ``out``."""
     binding = session.io_binding()
     binding.bind_output("out")
     k, v = ort.OrtValue.ortvalue_from_numpy(keys), ort.OrtValue.ortvalue_from_numpy(values)
@@ -147,6 +149,12 @@ def _run_in_place(session, feeds: dict, keys: np.ndarray, values: np.ndarray) ->
     binding.bind_ortvalue_output("present_v", v)
     for name, value in feeds.items():
         binding.bind_cpu_input(name, np.ascontiguousarray(value))
+    return binding
+
+
+def _run_in_place(session, feeds: dict, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Run with the KV buffers bound as both past and present; returns ``out``."""
+    binding = bind_in_place(session, feeds, keys, values)
     session.run_with_iobinding(binding)
     return binding.copy_outputs_to_cpu()[0]
 

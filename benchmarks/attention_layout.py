@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 import onnxruntime as ort
+from attention import bind_in_place
 from onnx import TensorProto, helper, numpy_helper
 
 HEADS, KV, HD = 9, 3, 64
@@ -233,30 +234,13 @@ class Case:
     def run(self, s: ort.InferenceSession) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(out, keys, values) of one run on copies of the buffers."""
         keys, values = self.keys.copy(), self.values.copy()
-        binding = s.io_binding()
-        binding.bind_output("out")
-        k, v = ort.OrtValue.ortvalue_from_numpy(keys), ort.OrtValue.ortvalue_from_numpy(values)
-        binding.bind_ortvalue_input("past_k", k)
-        binding.bind_ortvalue_output("present_k", k)
-        binding.bind_ortvalue_input("past_v", v)
-        binding.bind_ortvalue_output("present_v", v)
-        for name, value in self.feeds.items():
-            binding.bind_cpu_input(name, value)
+        binding = bind_in_place(s, self.feeds, keys, values)
         s.run_with_iobinding(binding)
         return binding.copy_outputs_to_cpu()[0], keys, values
 
     def timer(self, s: ort.InferenceSession) -> Callable[[], float]:
         """Seconds of one run, the buffers bound once (rewritten in place at the same columns)."""
-        binding = s.io_binding()
-        k = ort.OrtValue.ortvalue_from_numpy(self.keys)
-        v = ort.OrtValue.ortvalue_from_numpy(self.values)
-        binding.bind_ortvalue_input("past_k", k)
-        binding.bind_ortvalue_output("present_k", k)
-        binding.bind_ortvalue_input("past_v", v)
-        binding.bind_ortvalue_output("present_v", v)
-        for name, value in self.feeds.items():
-            binding.bind_cpu_input(name, value)
-        binding.bind_output("out")
+        binding = bind_in_place(s, self.feeds, self.keys, self.values)
 
         def run() -> float:
             start = time.perf_counter()
