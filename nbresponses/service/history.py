@@ -61,29 +61,9 @@ def history(
     ``search``: words that must all appear in the input or the output (stemmed: "walrus"
     finds "walruses"). ``metadata``: pairs that must all match. ``limit=None``: every row.
     """
-    rows = history_rows(
-        where, since=since, until=until, model=model, origin=origin, status=status,
-        metadata=metadata, search=search, limit=limit,
-    )  # fmt: skip
-    return history_frame(rows)
-
-
-def history_rows(
-    where: Any = None,
-    *,
-    since: Any = None,
-    until: Any = None,
-    model: str | None = None,
-    origin: str | list[str] | None = None,
-    status: str | list[str] | None = None,
-    metadata: Mapping[str, str] | None = None,
-    search: str | None = None,
-    limit: int | None = 1000,
-) -> list[dict[str, Any]]:
-    """The rows ``history`` shows, as records (``COLUMNS``, values as SQLite holds them)."""
     path = _path_of(where)
     if path is None or not Path(path).exists():
-        return []
+        return history_frame([])
     for database in list(_OPEN):  # this process's queued writes land first
         if database.path == Path(path).expanduser():
             database.flush(timeout=10)
@@ -120,7 +100,7 @@ def history_rows(
         params.append(int(limit))
     with _reader(path) as db:
         rows = db.execute(sql, params).fetchall()
-    return [dict(zip(COLUMNS, row, strict=True)) for row in rows]
+    return history_frame([dict(zip(COLUMNS, row, strict=True)) for row in rows])
 
 
 class StoreFile:
