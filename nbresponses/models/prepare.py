@@ -53,7 +53,8 @@ EXPORT_VERSION = 1
 # 4: the fused graph's attention from standard operators (one computation for every step shape).
 # 5: that attention as one product per KV head (all positions' queries as its rows); the
 # integer products' outlier split through a mask, not a Gather.
-PREPARE_VERSION = 5
+# 6: the integer products' rows quantized by one blocked QuantizeLinear; outlier channels in fp32.
+PREPARE_VERSION = 6
 _VERSIONED = (
     "nbresponses",
     "onnxruntime",
