@@ -221,6 +221,19 @@ def _integer_graph(model, tokenizer):
     )
 
 
+def test_the_integer_graph_shares_its_rows_zero_points(arch, tokenizer) -> None:
+    """Every row quantization reads one of two zero-point tensors made once per run (the layers'
+    rows and the LM head's kept rows), not one each; the outlier channels are fp32 products."""
+    name, model, _ = arch
+    nodes = _integer_graph(model, tokenizer).graph.node
+    zero_points = [n.output[0] for n in nodes if n.name.endswith("rows_zero_points")]
+    assert len(zero_points) == 2, name
+    quantizers = [n for n in nodes if n.op_type == "QuantizeLinear"]
+    assert quantizers and all(n.input[2] in zero_points for n in quantizers), name
+    outliers = [n for n in nodes if n.name.endswith("_outliers")]
+    assert outliers and {n.op_type for n in outliers} == {"MatMul"}, name
+
+
 @pytest.mark.slow
 def test_smoothing_keeps_the_function(arch, prompts, tokenizer) -> None:
     """Smoothing folded into the fp32 graph (norms' weights divided, the next weights' rows
