@@ -44,6 +44,18 @@ def _session(nodes, inputs) -> ort.InferenceSession:
     )
 
 
+def _integer_nodes(a: str, b: str, scales: list[str]) -> list:
+    """a (uint8, zero point 128) times b (int8), exactly in int32, then times each scale."""
+    nodes = [
+        helper.make_node("MatMulInteger", [a, b, "zp"], ["sums"]),
+        helper.make_node("Cast", ["sums"], ["scaled0"], to=F),
+    ]
+    for i, scale in enumerate(scales):
+        out = "y" if i + 1 == len(scales) else f"scaled{i + 1}"
+        nodes.append(helper.make_node("Mul", [f"scaled{i}", scale], [out]))
+    return nodes
+
+
 def _per_row(x: np.ndarray, offset: int) -> tuple[np.ndarray, np.ndarray]:
     """(integers, scales): symmetric over the last axis, 127 steps, shifted by ``offset``."""
     scale = (np.abs(x).max(axis=-1, keepdims=True) / 127).astype(np.float32)
@@ -98,12 +110,7 @@ def measure(rows: int, kv: int, group: int, head_dim: int, keys: int) -> None:
         ),
         "q.k int8": (
             _session(
-                [
-                    helper.make_node("MatMulInteger", ["q8", "k8t", "zp"], ["sums"]),
-                    helper.make_node("Cast", ["sums"], ["f"], to=F),
-                    helper.make_node("Mul", ["f", "qs"], ["f2"]),
-                    helper.make_node("Mul", ["f2", "ks"], ["y"]),
-                ],
+                _integer_nodes("q8", "k8t", ["qs", "ks"]),
                 [
                     ("q8", U8, [b, kv, g, d]),
                     ("k8t", I8, [b, kv, d, w]),
@@ -129,11 +136,7 @@ def measure(rows: int, kv: int, group: int, head_dim: int, keys: int) -> None:
         ),
         "p.v int8": (
             _session(
-                [
-                    helper.make_node("MatMulInteger", ["p8", "v8", "zp"], ["sums"]),
-                    helper.make_node("Cast", ["sums"], ["f"], to=F),
-                    helper.make_node("Mul", ["f", "ps"], ["y"]),
-                ],
+                _integer_nodes("p8", "v8", ["ps"]),
                 [("p8", U8, [b, kv, g, w]), ("v8", I8, [b, kv, w, d]), ("ps", F, [b, kv, g, 1])],
             ),
             {"p8": p8, "v8": v8, "ps": p_scale},
