@@ -138,6 +138,15 @@ class StepTensors:
 
     const = _const
 
+    def float16_range(self) -> tuple[str, str]:
+        """float16's finite bounds as float scalars (made once per graph), for Clip."""
+        if "float16_low" not in self._consts:
+            top = float(np.finfo(np.float16).max)
+            for name, value in (("float16_low", -top), ("float16_high", top)):
+                bound = np.array(value, np.float32)
+                self._consts[name] = self.g.weight(f"attn/const/{name}", bound)
+        return self._consts["float16_low"], self._consts["float16_high"]
+
     def _bias(self, visible: str, name: str) -> str:
         """[B, S * rows, W] bool -> [B, 1, S * rows, W] float: 0 where visible, -inf elsewhere
         (it broadcasts over the KV heads of the scores [B, kv, S * rows, W])."""
@@ -189,19 +198,33 @@ def attention(
     scale: float,
     softcap: float = 0.0,
     window: int | None = None,
+    stored: int | None = None,
 ) -> str:
     """Attention of ``q`` [B, S, heads * hd] over the buffers after writing ``k``, ``v``
-    [B, S, kv * hd] (already rotated) into them; returns [B, S, heads * hd]."""
+    [B, S, kv * hd] (already rotated) into them; returns [B, S, heads * hd].
+
+    ``stored``: the buffers' ONNX element type when it is not float (``TensorProto.FLOAT16``
+    only): new keys and values are rounded to it as they are written and every product reads
+    the buffer back as float, so a token sees the same stored numbers whether they were written
+    in this run or an earlier one (prefill == decode), and a step reads half the KV bytes."""
+    from onnx import TensorProto
+
     shape = step.shape
     kv, hd = shape.kv_heads, shape.head_dim
-
     const = step.const
 
     def to_buffer(x: str, which: str, buffer: str, out: str) -> str:
         split = g.node("Reshape", [x, const("bs_kv_hd", [0, 0, kv, hd])], name=f"{name}/{which}4")
-        return g.node(
+        if stored is not None:  # clipped first: a float16 past its range would be inf
+            low, high = step.float16_range()
+            split = g.node("Clip", [split[0], low, high], name=f"{name}/{which}_clip")
+            split = g.node("Cast", split, name=f"{name}/{which}_store", to=stored)
+        written = g.node(
             "ScatterND", [buffer, step.scatter_index, split[0]], [out], name=f"{name}/{which}_write"
         )[0]
+        if stored is None:
+            return written
+        return g.node("Cast", [written], name=f"{name}/{which}_read", to=TensorProto.FLOAT)[0]
 
     keys = to_buffer(k, "k", past[0], present[0])  # [B, kv, W, hd]
     values = to_buffer(v, "v", past[1], present[1])

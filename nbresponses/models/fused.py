@@ -53,6 +53,9 @@ if TYPE_CHECKING:
 
 OPSET = 21
 ATTENTION_KINDS = ("ops", "gqa")
+# the KV buffers' element types (onnx.TensorProto's numbers): float16 halves the bytes a step
+# reads at batch 16 (attention.attention)
+KV_DTYPES = {"float32": 1, "float16": 10}
 MAX_POSITIONS = "nbresponses.max_positions"  # metadata: positions the rotary tables cover
 SUPPORTED_TYPES = tuple(ARCHITECTURES)
 
@@ -447,12 +450,19 @@ class _Decoder:
         attention: str = "ops",
         smoothing: Smoothing | None = None,
         tensors: Mapping[str, Any] | None = None,
+        kv_dtype: str = "float32",
     ) -> None:
         config = model.config
         check_supported(config)
         if attention not in ATTENTION_KINDS:
             raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {attention!r}")
+        if kv_dtype not in KV_DTYPES or (kv_dtype != "float32" and attention != "ops"):
+            raise ValueError(
+                f"kv_dtype must be one of {tuple(KV_DTYPES)} (float16 with ops attention only), "
+                f"got {kv_dtype!r}"
+            )
         self.attention_kind = attention
+        self.kv_type = KV_DTYPES[kv_dtype]
         self.config = config
         self.arch: Architecture = ARCHITECTURES[config.model_type]
         self.w = _Weights(model, tensors)
@@ -639,6 +649,7 @@ class _Decoder:
             present=(f"present.{i}.key", f"present.{i}.value"),
             scale=self.arch.attention_scale(self.config),
             window=self.windows[i] or None,
+            stored=None if self.kv_type == KV_DTYPES["float32"] else self.kv_type,
         )
 
     def normed_heads(self, i: int, qkv: str) -> tuple[str, str, str]:
@@ -791,6 +802,7 @@ def build_fused_model(
     outliers: int = 0,
     blocks: tuple[str, ...] = (),
     tensors: Mapping[str, Any] | None = None,
+    kv_dtype: str = "float32",
 ) -> Any:
     """The fused ``onnx.ModelProto`` of a ``…ForCausalLM`` PyTorch model of a family in
     ``architectures.ARCHITECTURES``; ``UnsupportedArchitecture`` for anything else. fp32, or
@@ -807,7 +819,10 @@ def build_fused_model(
     names) kept in 8-bit blocks instead.
 
     ``tensors``: the weights by state-dict name when ``model`` is a skeleton without them
-    (``streamed.py``: read one at a time, so the model is never whole in memory)."""
+    (``streamed.py``: read one at a time, so the model is never whole in memory).
+
+    ``kv_dtype``: the KV buffers' type, "float32" or "float16" (ops attention only: keys and
+    values rounded to fp16 as they are stored, read back as fp32)."""
     from onnx import TensorProto, helper
 
     graph: _Graph
@@ -817,7 +832,7 @@ def build_fused_model(
         graph = _NBitsGraph(bits, weights)
     else:
         graph = _Graph(weights)
-    decoder = _Decoder(model, graph, attention, smoothing, tensors)
+    decoder = _Decoder(model, graph, attention, smoothing, tensors, kv_dtype)
     decoder.lm_head(decoder.build())
     unread = decoder.w.unread()
     if unread:  # a bias, a norm or a projection this builder does not know: refuse, not drop
@@ -858,9 +873,13 @@ def build_fused_model(
     for i in range(config.num_hidden_layers):
         for kind in ("key", "value"):
             inputs.append(
-                helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", fp32, cache_in)
+                helper.make_tensor_value_info(
+                    f"past_key_values.{i}.{kind}", decoder.kv_type, cache_in
+                )
             )
-            outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", fp32, cache_out))
+            outputs.append(
+                helper.make_tensor_value_info(f"present.{i}.{kind}", decoder.kv_type, cache_out)
+            )
     graph = helper.make_graph(g.nodes, "nbresponses-fused", inputs, outputs, g.initializers)
     model_proto = helper.make_model(
         graph,

@@ -45,6 +45,7 @@ class LogitLens:
         _, kv_heads, _, head_dim = pasts[0].shape
         self._pasts = [p.name for p in pasts]
         self._kv = (int(kv_heads), int(head_dim))
+        self._kv_dtype = np.float16 if pasts[0].type == "tensor(float16)" else np.float32
 
     def run(self, token_ids: Sequence[int]) -> LensResult:
         ids = np.asarray([int(t) for t in token_ids], np.int64)
@@ -58,7 +59,7 @@ class LogitLens:
             "num_logits_to_keep": np.array([0], np.int64),
             NEXT_IDS: np.concatenate([ids[1:], ids[-1:]])[None],
             # the graph writes each token's key and value at its position: room for all
-            **{n: np.zeros((1, kv_heads, count, head_dim), np.float32) for n in self._pasts},
+            **{n: np.zeros((1, kv_heads, count, head_dim), self._kv_dtype) for n in self._pasts},
         }
         top_ids, top_lp, next_lp, rank, kl = self.session.run(list(OUTPUTS), feeds)
         next_lp = next_lp[..., 0].astype(np.float64)

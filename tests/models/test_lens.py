@@ -148,3 +148,36 @@ async def test_the_engine_lens_frame_and_heat_map(tiny_fused, tokenizer):
         html.count("<td ") == 3 * count and "background-color: #" in html and "logit lens" in html
     )
     assert "Paris" in html
+
+
+def test_a_float16_kv_graph_has_a_lens(tokenizer, tmp_path):
+    """``fused-int8``'s graphs keep their KV in float16: the lens feeds buffers of that type,
+    and its last layer is the graph's own next-token distribution."""
+    import onnxruntime as ort
+
+    special = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
+    model = build_tiny_model("llama3", len(tokenizer), special_ids=special)
+    graph = build_fused_model(model, kv_dtype="float16")
+    prepared = prepare_tiny(model, graph, tmp_path / "half", tokenizer, "fused-fp32")
+    ids = chat_ids(tokenizer, PROMPTS[0])[:24]
+    result = LogitLens(prepared.path, threads=2).run(ids)
+    session = ort.InferenceSession(str(prepared.onnx_path), providers=["CPUExecutionProvider"])
+    pasts = {
+        i.name: np.zeros((1, i.shape[1], len(ids), i.shape[3]), np.float16)
+        for i in session.get_inputs()
+        if i.name.startswith("past_key_values")
+    }
+    (logits,) = session.run(
+        ["logits"],
+        {
+            "input_ids": np.array([ids], np.int64),
+            "position_ids": np.arange(len(ids), dtype=np.int64)[None],
+            "num_logits_to_keep": np.zeros(1, np.int64),
+            **pasts,
+        },
+    )
+    own = logits[0].astype(np.float64)
+    own -= own.max(-1, keepdims=True)
+    own -= np.log(np.exp(own).sum(-1, keepdims=True))
+    expected = own[np.arange(len(ids) - 1), ids[1:]]
+    np.testing.assert_allclose(result.next_logprob[-1, :-1], expected, atol=1e-5)
