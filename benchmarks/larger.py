@@ -9,7 +9,7 @@ saved once with the bundled tokenizer, so a 49,152 vocabulary), then, for each r
   2 GB to the whole kernel);
 - scoring: ``engine.score_many(method="prefill")`` over ``score.py``'s corpus (tokens/s);
 - decode: 64 greedy tokens (``ignore_eos``) at batch 1 (tok/s after the first token) and 16
-  requests at once (aggregate tok/s, p50 time to first token).
+  requests at once (aggregate tok/s, p50 time to first token), cold (no prefix cache).
 
 Random weights give random text: the figures are about speed and memory, not answers.
 
@@ -142,8 +142,15 @@ async def measure(folder: Path, recipe: str, cache: Path, rounds: int) -> dict[s
     import nbresponses as nbr
     from nbresponses.tokens.contract import SamplingParams
 
+    # cold, as decode.py: no prefix cache, so every request prefills its prompt (the repeated
+    # prompts below would otherwise hit it, and more of them where a token's KV is smaller)
     engine = await nbr.Engine.load(
-        str(folder), quantization=recipe, cache_dir=str(cache), progress=False, store_path="memory"
+        str(folder),
+        quantization=recipe,
+        cache_dir=str(cache),
+        progress=False,
+        store_path="memory",
+        prefix_cache_bytes=0,
     )
     texts = corpus()
     out: dict[str, list[float]] = {"score": [], "x1": [], "x16": [], "ttft16": []}
