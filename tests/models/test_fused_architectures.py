@@ -177,6 +177,22 @@ def test_a_float16_kv_is_stored_rounded_and_read_the_same_in_every_step_shape(
     assert 0 < difference <= 2e-2 * scale, (name, difference / scale)
 
 
+def test_a_float16_kv_saturates_instead_of_overflowing(prompts, tokenizer) -> None:
+    """Keys past float16's range are stored as its largest finite value, not inf (which would
+    turn every later score of the row into NaN)."""
+    import torch
+
+    model = build_tiny_model("llama3", len(tokenizer))
+    with torch.no_grad():
+        model.model.layers[0].self_attn.k_proj.weight.mul_(1e6)
+    session = _session(build_fused_model(model, kv_dtype="float16"))
+    prompt = prompts[0]
+    logits, past = _step(session, prompt, 0, _empty_past(session))
+    keys = past["past_key_values.0.key"][:, :, : len(prompt)].astype(np.float32)
+    assert np.isfinite(keys).all() and np.abs(keys).max() == np.finfo(np.float16).max
+    assert np.isfinite(logits).all()
+
+
 def test_a_float16_kv_needs_the_ops_attention() -> None:
     model = _torch_model("llama3", 64, ())
     with pytest.raises(ValueError, match="kv_dtype"):
