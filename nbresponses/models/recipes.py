@@ -233,10 +233,10 @@ INTEGER_OUTLIERS = 16
 # (bundled model: top-1 95.7% -> 96.4%, mean |dlogprob| 0.082 -> 0.059, before the outlier
 # channels went to fp32; fused._IntegerGraph)
 INTEGER_BLOCKS = ("/down",)
-# fused-int8's KV buffers: fp16 halves what attention reads a step (bundled model, graph_ab,
-# 250 keys: 16-row step -20%, one-row step unchanged) at no measurable cost in fidelity (97.7% /
-# 0.049 -> 97.6% / 0.050); fused-q8 keeps fp32 (its top-1 would go 96.2% -> 96.0%, under the
-# default's bar)
+# fused-int8's KV buffers: fp16 halves what attention reads a step and a row's memory (bundled
+# model, graph_ab, 250 keys: 16-row step -17%, one-row step +3-5% for the casts) at no
+# measurable cost in fidelity (97.7% / 0.049 -> 97.6% / 0.050); fused-q8 keeps fp32 (its top-1
+# would go 96.2% -> 96.0%, under the default's bar; benchmarks/README.md)
 INTEGER_KV = "float16"
 # every fused graph's layout (the engine reads these)
 _FUSED = {"graph": "fused", "kv": "scatter-in-place", "attention": "ops", "logits_to_keep": "input"}
