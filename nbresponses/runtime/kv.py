@@ -30,7 +30,8 @@ SCATTER_HEADROOM = 32
 
 RowKV = list[np.ndarray]  # one [kv_heads, T, head_dim] array per past input, in input order
 
-_ONNX_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+# a graph input's KV type -> numpy (the fused graphs: float, or float16 for fused-int8)
+ONNX_KV_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ class KVLayout:
             present_names=presents,
             kv_heads=int(kv_heads),
             head_dim=int(head_dim),
-            dtype=np.dtype(_ONNX_DTYPES.get(pasts[0].type, np.float32)),
+            dtype=np.dtype(ONNX_KV_DTYPES.get(pasts[0].type, np.float32)),
         )
 
     @property

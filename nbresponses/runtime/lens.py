@@ -17,6 +17,7 @@ import numpy as np
 import onnxruntime as ort
 
 from nbresponses.models.lens import NEXT_IDS, OUTPUTS, lens_path
+from nbresponses.runtime.kv import ONNX_KV_DTYPES
 from nbresponses.runtime.runner import session_options
 
 
@@ -45,7 +46,7 @@ class LogitLens:
         _, kv_heads, _, head_dim = pasts[0].shape
         self._pasts = [p.name for p in pasts]
         self._kv = (int(kv_heads), int(head_dim))
-        self._kv_dtype = np.float16 if pasts[0].type == "tensor(float16)" else np.float32
+        self._kv_dtype = ONNX_KV_DTYPES.get(pasts[0].type, np.float32)
 
     def run(self, token_ids: Sequence[int]) -> LensResult:
         ids = np.asarray([int(t) for t in token_ids], np.int64)
