@@ -185,6 +185,39 @@ def rotary(
     )[0]
 
 
+def write(
+    g: GraphBuilder,
+    step: StepTensors,
+    *,
+    name: str,
+    k: str,
+    v: str,
+    past: tuple[str, str],
+    present: tuple[str, str],
+    stored: int | None = None,
+) -> tuple[str, str]:
+    """Write the new keys and values ``k``, ``v`` [B, S, kv * hd] (already rotated) into the
+    bound buffers at ``position_ids`` (in place); returns the buffers [B, kv, W, hd] as stored.
+
+    ``stored``: the buffers' ONNX element type when it is not float (``TensorProto.FLOAT16``
+    only): new keys and values are clipped to its range and rounded as they are written."""
+    kv, hd = step.shape.kv_heads, step.shape.head_dim
+
+    def one(x: str, which: str, buffer: str, out: str) -> str:
+        split = g.node(
+            "Reshape", [x, step.const("bs_kv_hd", [0, 0, kv, hd])], name=f"{name}/{which}4"
+        )
+        if stored is not None:  # clipped first: a float16 past its range would be inf
+            low, high = step.float16_range()
+            split = g.node("Clip", [split[0], low, high], name=f"{name}/{which}_clip")
+            split = g.node("Cast", split, name=f"{name}/{which}_store", to=stored)
+        return g.node(
+            "ScatterND", [buffer, step.scatter_index, split[0]], [out], name=f"{name}/{which}_write"
+        )[0]
+
+    return one(k, "k", past[0], present[0]), one(v, "v", past[1], present[1])
+
+
 def attention(
     g: GraphBuilder,
     step: StepTensors,
@@ -199,35 +232,44 @@ def attention(
     softcap: float = 0.0,
     window: int | None = None,
     stored: int | None = None,
+    kernel: bool = False,
 ) -> str:
     """Attention of ``q`` [B, S, heads * hd] over the buffers after writing ``k``, ``v``
     [B, S, kv * hd] (already rotated) into them; returns [B, S, heads * hd].
 
+    ``kernel``: computed by our ``KVAttention`` operator (``kernels``) instead of the standard
+    operators below: the same writes, then each token reads its own columns straight from the
+    buffers, as stored (no fp32 copies, no masked columns), with the same contract.
+
     ``stored``: the buffers' ONNX element type when it is not float (``TensorProto.FLOAT16``
-    only): new keys and values are rounded to it as they are written and every product reads
-    the buffer back as float, so a token sees the same stored numbers whether they were written
-    in this run or an earlier one (prefill == decode), and a step reads half the KV bytes."""
+    only): new keys and values are rounded to it as they are written (``write``) and every
+    product reads the buffer back as float, so a token sees the same stored numbers whether
+    they were written in this run or an earlier one (prefill == decode), and a step reads half
+    the KV bytes."""
     from onnx import TensorProto
 
     shape = step.shape
     kv, hd = shape.kv_heads, shape.head_dim
     const = step.const
+    keys, values = write(g, step, name=name, k=k, v=v, past=past, present=present, stored=stored)
+    if kernel:
+        from nbresponses.models.kernels import DOMAIN
 
-    def to_buffer(x: str, which: str, buffer: str, out: str) -> str:
-        split = g.node("Reshape", [x, const("bs_kv_hd", [0, 0, kv, hd])], name=f"{name}/{which}4")
-        if stored is not None:  # clipped first: a float16 past its range would be inf
-            low, high = step.float16_range()
-            split = g.node("Clip", [split[0], low, high], name=f"{name}/{which}_clip")
-            split = g.node("Cast", split, name=f"{name}/{which}_store", to=stored)
-        written = g.node(
-            "ScatterND", [buffer, step.scatter_index, split[0]], [out], name=f"{name}/{which}_write"
+        return g.node(
+            "KVAttention",
+            [q, keys, values, "position_ids"],
+            name=f"{name}/kernel",
+            domain=DOMAIN,
+            heads=shape.heads,
+            scale=float(scale),
+            softcap=float(softcap),
+            window=int(window or 0),
         )[0]
-        if stored is None:
-            return written
-        return g.node("Cast", [written], name=f"{name}/{which}_read", to=TensorProto.FLOAT)[0]
-
-    keys = to_buffer(k, "k", past[0], present[0])  # [B, kv, W, hd]
-    values = to_buffer(v, "v", past[1], present[1])
+    if stored is not None:  # [B, kv, W, hd] as float
+        keys, values = (
+            g.node("Cast", [x], name=f"{name}/{which}_read", to=TensorProto.FLOAT)[0]
+            for x, which in ((keys, "k"), (values, "v"))
+        )
     group, rows = shape.heads // kv, step.rows
     queries = g.node(
         "Reshape", [q, const(f"bs_kv_{group * hd}", [0, 0, kv, group * hd])], name=f"{name}/q4"

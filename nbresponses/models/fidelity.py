@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from nbresponses.models import kernels
 from nbresponses.models.fidelity_set import FIDELITY_SET, Sample, reference_spans, render_ids
 from nbresponses.models.graph_contract import KV_LAYOUT, LOGITS_TO_KEEP, SCATTER_IN_PLACE
 from nbresponses.models.heap import trim_heap
@@ -253,17 +254,18 @@ def measure_fidelity(
         exact = _Scores(agree, zeros, zeros)
         exact_text = {"reference": exact.report(reference=reference).as_dict()}
         return exact.report(by_text=exact_text, reference=reference)
+
     # The two models take turns, one loaded at a time (prepare's peak memory: the fp32
     # reference alone is ~0.8 GB resident for the bundled model): the candidate first (its
     # greedy continuations, then its logits at every scored position, kept in a scratch file
     # beside it), then the reference. Each logit is what a side-by-side run gives.
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    # No arena: each run's activations go back to the system; how buffers are allocated
-    # changes no number.
-    options.enable_cpu_mem_arena = False
-
     def session(path: Path) -> Any:
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        # No arena: each run's activations go back to the system; how buffers are allocated
+        # changes no number.
+        options.enable_cpu_mem_arena = False
+        options = kernels.for_model(options, path)  # our operators, if the graph has them
         return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
     cand = session(candidate_model)

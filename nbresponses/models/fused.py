@@ -52,7 +52,10 @@ if TYPE_CHECKING:
     from nbresponses.models.smoothing import Smoothing
 
 OPSET = 21
-ATTENTION_KINDS = ("ops", "gqa")
+ATTENTION_KINDS = ("ops", "kernel", "gqa")
+# the kinds that write the KV in place at ``position_ids`` (attention.StepTensors): "kernel" is
+# "ops" with the attention itself computed by our KVAttention operator (models/kernels)
+SCATTER_KINDS = ("ops", "kernel")
 # the KV buffers' element types (onnx.TensorProto's numbers): float16 halves the bytes a step
 # reads at batch 16 (attention.attention)
 KV_DTYPES = {"float32": 1, "float16": 10}
@@ -456,9 +459,10 @@ class _Decoder:
         check_supported(config)
         if attention not in ATTENTION_KINDS:
             raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {attention!r}")
-        if kv_dtype not in KV_DTYPES or (kv_dtype != "float32" and attention != "ops"):
+        if kv_dtype not in KV_DTYPES or (kv_dtype != "float32" and attention not in SCATTER_KINDS):
             raise ValueError(
-                f"kv_dtype must be one of {tuple(KV_DTYPES)} (float16 with ops attention only), "
+                f"kv_dtype must be one of {tuple(KV_DTYPES)} (float16 with ops or kernel "
+                "attention only), "
                 f"got {kv_dtype!r}"
             )
         self.attention_kind = attention
@@ -592,7 +596,7 @@ class _Decoder:
             qkv = g.node(
                 "Add", [qkv, g.weight(f"{name}.qkv.bias", qkv_b)], name=f"{name}/qkv_bias"
             )[0]
-        if self.attention_kind == "ops":
+        if self.attention_kind in SCATTER_KINDS:
             return g.linear(self.ops_attention(i, qkv), w[p + "o_proj.weight"].T, name=f"{name}/o")
         q, k, v = self.normed_heads(i, qkv) if arch.qk_norm else (qkv, "", "")
         table = self.rotary[i]
@@ -618,7 +622,8 @@ class _Decoder:
         return g.linear(context, w[p + "o_proj.weight"].T, name=f"{name}/o")
 
     def ops_attention(self, i: int, qkv: str) -> str:
-        """``attention.py``'s attention: split (and norm) the heads, rotate, attend."""
+        """``attention.py``'s attention (or our operator's, ``kernel``): split (and norm) the
+        heads, rotate, attend."""
         g, name = self.g, f"layers.{i}"
         if self.arch.qk_norm:
             q, k, v = self.normed_heads(i, qkv)
@@ -650,6 +655,7 @@ class _Decoder:
             scale=self.arch.attention_scale(self.config),
             window=self.windows[i] or None,
             stored=None if self.kv_type == KV_DTYPES["float32"] else self.kv_type,
+            kernel=self.attention_kind == "kernel",
         )
 
     def normed_heads(self, i: int, qkv: str) -> tuple[str, str, str]:
@@ -742,7 +748,7 @@ class _Decoder:
         from onnx import TensorProto
 
         g = self.g
-        if self.attention_kind == "ops":
+        if self.attention_kind in SCATTER_KINDS:
             shape = ops_attention.Shape(self.heads, self.kv_heads, self.head_dim)
             self.step = ops_attention.StepTensors(g, shape, width_of="past_key_values.0.key")
             return {"one": g.weight("const/one", np.array([1], np.int64))}
@@ -810,8 +816,10 @@ def build_fused_model(
     ``weights``, the weights go to that file as they are made (save the model beside it).
 
     ``attention``: "ops" (``attention.py``: standard operators, the same numbers for every step
-    shape, KV written in place at ``position_ids``) or "gqa" (GroupQueryAttention, the graphs of
-    earlier versions, kept for comparison: its one-token steps differ from multi-token ones).
+    shape, KV written in place at ``position_ids``), "kernel" (the same, with the attention
+    itself our ``KVAttention`` operator: ``kernels``, built on first use) or "gqa"
+    (GroupQueryAttention, the graphs of earlier versions, kept for comparison: its one-token
+    steps differ from multi-token ones).
 
     ``integer`` (8, or 7 on CPUs without VNNI): every weight matrix as exact integer products
     instead (``_IntegerGraph``: int8 weights per column, uint8 activations per row), with
@@ -821,7 +829,7 @@ def build_fused_model(
     ``tensors``: the weights by state-dict name when ``model`` is a skeleton without them
     (``streamed.py``: read one at a time, so the model is never whole in memory).
 
-    ``kv_dtype``: the KV buffers' type, "float32" or "float16" (ops attention only: keys and
+    ``kv_dtype``: the KV buffers' type, "float32" or "float16" (ops or kernel attention: keys and
     values rounded to fp16 as they are stored, read back as fp32)."""
     from onnx import TensorProto, helper
 
@@ -846,7 +854,7 @@ def build_fused_model(
     kv_heads, head_dim = decoder.kv_heads, decoder.head_dim
     fp32 = TensorProto.FLOAT
     cache_in = ["batch", kv_heads, "past_sequence_length", head_dim]
-    ops = attention == "ops"
+    ops = attention in SCATTER_KINDS
     width = "past_sequence_length" if ops else "total_sequence_length"
     cache_out = ["batch", kv_heads, width, head_dim]
     inputs = [
@@ -881,9 +889,14 @@ def build_fused_model(
                 helper.make_tensor_value_info(f"present.{i}.{kind}", decoder.kv_type, cache_out)
             )
     graph = helper.make_graph(g.nodes, "nbresponses-fused", inputs, outputs, g.initializers)
+    opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)]
+    if attention == "kernel":
+        from nbresponses.models.kernels import DOMAIN
+
+        opsets.append(helper.make_opsetid(DOMAIN, 1))
     model_proto = helper.make_model(
         graph,
-        opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)],
+        opset_imports=opsets,
         producer_name="nbresponses.fused",
     )
     # GroupQueryAttention appends in place when past and present share a buffer (the runner

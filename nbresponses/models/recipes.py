@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from nbresponses.models import fused
+from nbresponses.models import fused, kernels
 from nbresponses.models.cpu import has_vnni
 from nbresponses.models.errors import RecipeError
 from nbresponses.models.smoothing import Smoothing, activation_peaks
@@ -172,10 +172,11 @@ def optimum_dynamic_int8(source: Path, target: Path) -> None:
     shutil.rmtree(work, ignore_errors=True)
 
 
-def fused_graph(bits: int | None) -> Callable[[Any, Path], None]:
+def fused_graph(bits: int | None, attention: str = "ops") -> Callable[[Any, Path], None]:
     """Our own fused graph (``fused.py``) from the source's weights; MatMulNBits when ``bits``,
     each weight quantized as the graph is built (bit-identical to quantizing the fp32 graph
-    with ``quantize_nbits`` afterwards, at a fraction of the memory).
+    with ``quantize_nbits`` afterwards, at a fraction of the memory); ``attention``: the
+    builder's attention kind.
 
     Refuses architectures the builder does not cover (``UnsupportedArchitecture``) from the
     source's config before loading any weights; "auto" then moves on to Optimum recipes.
@@ -185,33 +186,45 @@ def fused_graph(bits: int | None) -> Callable[[Any, Path], None]:
         fused_supported(source)
         weights = target.with_name(target.name + ".data")  # written as the graph is built
         model = fused.build_fused_model(
-            source.model, bits=bits, weights=weights, tensors=source.tensors
+            source.model, bits=bits, weights=weights, tensors=source.tensors, attention=attention
         )
         fused.save_model(model, target)
 
     return build
 
 
-def fused_integer(source: Any, target: Path) -> None:
+def fused_integer(attention: str = "ops") -> Callable[[Any, Path], None]:
     """The fused graph with exact integer matrix products (``fused._IntegerGraph``)."""
-    fused_supported(source)
-    smoothing = Smoothing(activation_peaks(source.model, source.tokenizer, tensors=source.tensors))
-    weights = target.with_name(target.name + ".data")
-    model = fused.build_fused_model(
-        source.model,
-        integer=INTEGER_WEIGHT_BITS,
-        weights=weights,
-        smoothing=smoothing,
-        outliers=INTEGER_OUTLIERS,
-        blocks=INTEGER_BLOCKS,
-        tensors=source.tensors,
-        kv_dtype=INTEGER_KV,
-    )
-    fused.save_model(model, target)
+
+    def build(source: Any, target: Path) -> None:
+        fused_supported(source)
+        peaks = activation_peaks(source.model, source.tokenizer, tensors=source.tensors)
+        weights = target.with_name(target.name + ".data")
+        model = fused.build_fused_model(
+            source.model,
+            integer=INTEGER_WEIGHT_BITS,
+            weights=weights,
+            smoothing=Smoothing(peaks),
+            outliers=INTEGER_OUTLIERS,
+            blocks=INTEGER_BLOCKS,
+            tensors=source.tensors,
+            kv_dtype=INTEGER_KV,
+            attention=attention,
+        )
+        fused.save_model(model, target)
+
+    return build
 
 
 def fused_supported(source: Any) -> None:
     fused.check_supported(source.config)
+
+
+def kernel_supported(source: Any) -> None:
+    """The fused graph's check, and our operators built for this machine (``kernels``): a
+    recipe that uses them is refused, saying why, where they cannot be compiled."""
+    fused_supported(source)
+    kernels.library()
 
 
 def copy_fp32(source: Path, target: Path) -> None:
@@ -240,6 +253,19 @@ INTEGER_BLOCKS = ("/down",)
 INTEGER_KV = "float16"
 # every fused graph's layout (the engine reads these)
 _FUSED = {"graph": "fused", "kv": "scatter-in-place", "attention": "ops", "logits_to_keep": "input"}
+_Q8_PARAMS = {**_FUSED, "bits": 8, "block_size": 32, "accuracy_level": 4, "lm_head": "q8"}
+_INT8_PARAMS = {
+    **_FUSED,
+    "bits": 8,
+    "weights": "int8, one scale per output column",
+    "weight_bits": INTEGER_WEIGHT_BITS,
+    "activations": "uint8, one scale per row, computed at run time",
+    "smoothing": "SmoothQuant alpha 0.5, calibration set v1",
+    "outlier_channels": f"{INTEGER_OUTLIERS}, fp32",
+    "8-bit blocks": list(INTEGER_BLOCKS),
+    "lm_head": "int8",
+    "kv_dtype": INTEGER_KV,
+}
 # what the fused builder covers (nbresponses.models.architectures); others: UnsupportedArchitecture
 _FAMILIES = "Llama 3.x, Mistral, Qwen2/3, SmolLM3, Gemma 3 and Phi-3/4 decoders"
 RECIPES: dict[str, Recipe] = {
@@ -294,13 +320,7 @@ RECIPES: dict[str, Recipe] = {
             "fused-q8",
             "the fused graph with MatMulNBits 8-bit weights, block 32, accuracy_level 4, "
             "LM head quantized (about 2x the decode speed of q8); " + _FAMILIES,
-            params={
-                **_FUSED,
-                "bits": 8,
-                "block_size": 32,
-                "accuracy_level": 4,
-                "lm_head": "q8",
-            },
+            params=_Q8_PARAMS,
             from_source=fused_graph(8),
             check_source=fused_supported,
         ),
@@ -325,20 +345,33 @@ RECIPES: dict[str, Recipe] = {
             "the MLP's down projections in fused-q8's 8-bit blocks, 16 outlier channels in "
             "fp32 and the KV cache in fp16: faster prompts, scoring and batches than fused-q8, "
             "slower batch-1 decode, closer to fp32; " + _FAMILIES,
-            params={
-                **_FUSED,
-                "bits": 8,
-                "weights": "int8, one scale per output column",
-                "weight_bits": INTEGER_WEIGHT_BITS,
-                "activations": "uint8, one scale per row, computed at run time",
-                "smoothing": "SmoothQuant alpha 0.5, calibration set v1",
-                "outlier_channels": f"{INTEGER_OUTLIERS}, fp32",
-                "8-bit blocks": list(INTEGER_BLOCKS),
-                "lm_head": "int8",
-                "kv_dtype": INTEGER_KV,
-            },
-            from_source=fused_integer,
+            params=_INT8_PARAMS,
+            from_source=fused_integer(),
             check_source=fused_supported,
+        ),
+        Recipe(
+            "fused-q8-kernel",
+            "fused-q8 with its attention computed by our KVAttention operator (compiled on "
+            "first use: a C++ compiler and ONNX Runtime's headers, `make kernel-deps`): each "
+            "token reads only its own KV columns, faster steps and prompts, the same exactness; "
+            + _FAMILIES,
+            params={
+                **_Q8_PARAMS,
+                "attention": "kernel",
+            },
+            from_source=fused_graph(8, attention="kernel"),
+            check_source=kernel_supported,
+        ),
+        Recipe(
+            "fused-int8-kernel",
+            "fused-int8 with its attention computed by our KVAttention operator (as "
+            "fused-q8-kernel), reading the fp16 KV as stored; " + _FAMILIES,
+            params={
+                **_INT8_PARAMS,
+                "attention": "kernel",
+            },
+            from_source=fused_integer(attention="kernel"),
+            check_source=kernel_supported,
         ),
     )
 }

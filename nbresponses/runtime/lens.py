@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from nbresponses.models import kernels
 from nbresponses.models.lens import NEXT_IDS, OUTPUTS, lens_path
 from nbresponses.runtime.kv import ONNX_KV_DTYPES
 from nbresponses.runtime.runner import session_options
@@ -39,9 +40,9 @@ class LogitLens:
     """The lens of one prepared (fused) model; ``run(token_ids)`` is thread-safe."""
 
     def __init__(self, model_dir: Path, *, threads: int | None = None) -> None:
-        self.session = ort.InferenceSession(
-            str(lens_path(model_dir)), session_options(threads), providers=["CPUExecutionProvider"]
-        )
+        path = lens_path(model_dir)
+        options = kernels.for_model(session_options(threads), path)
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         pasts = [i for i in self.session.get_inputs() if i.name.startswith("past_key_values.")]
         _, kv_heads, _, head_dim = pasts[0].shape
         self._pasts = [p.name for p in pasts]

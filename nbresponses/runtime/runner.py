@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from nbresponses.models import kernels
 from nbresponses.models.cpu import physical_cores
 from nbresponses.models.fused import (  # the graph builder's names
     END_PADDED_IN_PLACE,
@@ -51,8 +52,9 @@ class OnnxRunner:
 
     def __init__(self, model_path: str | os.PathLike[str], *, threads: int | None = None) -> None:
         self.model_path = Path(model_path)
+        options = kernels.for_model(session_options(threads), self.model_path)
         self.session = ort.InferenceSession(
-            str(self.model_path), session_options(threads), providers=["CPUExecutionProvider"]
+            str(self.model_path), options, providers=["CPUExecutionProvider"]
         )
         self.layout = KVLayout.from_session(self.session)
         self._outputs = ["logits", *self.layout.present_names]

@@ -36,6 +36,21 @@ async def collect(
     return steps, steps[-1].stats
 
 
+async def alone_then_batched(engine, prompts, params) -> tuple[list, list]:
+    """Each prompt's steps alone, one after another; then every prompt twice at once, the
+    second copies joining 20 ms apart (at other steps, beside requests of other lengths)."""
+    alone = [(await collect(engine, p, params))[0] for p in prompts]
+
+    async def later(prompt, delay: float):
+        await asyncio.sleep(delay)
+        return (await collect(engine, prompt, params))[0]
+
+    batched = await asyncio.gather(
+        *(later(p, 0.0) for p in prompts), *(later(p, 0.02 * i) for i, p in enumerate(prompts))
+    )
+    return alone, list(batched)
+
+
 def tokens(steps: list[Step]) -> list[int]:
     return [t for s in steps for t in s.token_ids]
 

@@ -10,14 +10,13 @@ cannot do it refuses, naming the reason.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from collections import Counter
 
 import numpy as np
 import onnx
 import pytest
-from helpers.engine import collect
+from helpers.engine import alone_then_batched
 from helpers.tiny_archs import (
     ARCHITECTURES,
     SLIDING_WINDOW,
@@ -342,17 +341,9 @@ async def test_in_the_engine_batched_equals_alone(
     params = SamplingParams(max_tokens=10, temperature=0, logprobs=True, top_logprobs=2)
     async with TokenGenerator(prepared, tokenizer=tokenizer, prefix_cache_bytes=0) as engine:
         assert engine.runner.kv_in_place
-        alone = [(await collect(engine, p, params))[0] for p in prompts]
-
-        async def later(prompt: list[int], delay: float):
-            await asyncio.sleep(delay)
-            return (await collect(engine, prompt, params))[0]
-
-        batched = await asyncio.gather(
-            *(later(p, 0.0) for p in prompts), *(later(p, 0.02 * i) for i, p in enumerate(prompts))
-        )
+        alone, batched = await alone_then_batched(engine, prompts, params)
     assert all(steps[0].logprobs for steps in alone)
-    assert list(batched) == alone * 2, name
+    assert batched == alone * 2, name
     if recipe == "fused-int8":
         await _prefill_scores_equal_decode(prepared, tokenizer, prompts[0])
 

@@ -110,6 +110,7 @@ def test_fidelity_maths_by_hand() -> None:
 def test_every_recipe_prepares_runs_and_is_measured(recipe: str, tiny_source: Path, cache_dir):
     import onnxruntime as ort
 
+    from nbresponses.models import kernels
     from nbresponses.models.fidelity import full_sequence_logits
 
     prepared = prepare_model(tiny_source, recipe, cache_dir=cache_dir, progress=False)
@@ -125,7 +126,10 @@ def test_every_recipe_prepares_runs_and_is_measured(recipe: str, tiny_source: Pa
         assert fid["top1_agreement"] == 1.0 and fid["max_abs_dlogprob"] == 0.0
     else:
         assert fid["mean_kl"] > 0.0, "a quantized model cannot be bit-identical to fp32"
-    session = ort.InferenceSession(str(prepared.onnx_path), providers=["CPUExecutionProvider"])
+    options = kernels.for_model(ort.SessionOptions(), prepared.onnx_path)  # fused-*-kernel
+    session = ort.InferenceSession(
+        str(prepared.onnx_path), options, providers=["CPUExecutionProvider"]
+    )
     logits = full_sequence_logits(session, [1, 2, 3, 4])
     assert logits.shape == (4, prepared.config["vocab_size"]) and np.isfinite(logits).all()
     assert prepared.load_tokenizer().eos_token == "<|im_end|>"

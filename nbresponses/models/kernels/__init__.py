@@ -1,0 +1,145 @@
+"""Our ONNX Runtime operators (domain ``ai.nbresponses``), compiled from source on first use.
+
+Why compiled here: ONNX Runtime loads custom operators from a shared library built against its
+C API headers, and no wheel ships those; the source is small, so the first session that needs
+it builds it for this CPU (``-march=native``: AVX-512 or AVX2 with F16C and FMA) into the model
+cache, keyed by source, compiler, headers and CPU, and every later session loads it.
+
+The headers: ``$NBRESPONSES_ORT_INCLUDE``, else ``<venv>/include/onnxruntime`` (``make`` puts
+Debian's ``libonnxruntime-dev`` headers there), else the system's include folders. The C API is
+versioned and ONNX Runtime serves older versions, so headers older than the runtime work.
+
+Operators: ``KVAttention`` (``kv_attention.cc``): attention read straight from the KV buffers
+(``attention.attention(kernel=True)`` puts it in a graph).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+DOMAIN = "ai.nbresponses"
+INCLUDE_ENV = "NBRESPONSES_ORT_INCLUDE"
+_SOURCES = ("kv_attention.cc",)
+_LIBRARY = "libnbresponses_kernels.so"
+_HEADER = "onnxruntime_cxx_api.h"
+_SYSTEM_INCLUDES = ("/usr/include/onnxruntime", "/usr/local/include/onnxruntime")
+# what the source needs of the CPU (besides x86-64); -march=native picks the widest it has
+_CPU_FLAGS = ("avx512f", "avx2", "f16c", "fma")
+
+
+class KernelsUnavailable(RuntimeError):
+    """The operators cannot be built here (no compiler, no headers, or an unsuited CPU)."""
+
+
+def uses_kernels(model_path: str | os.PathLike[str]) -> bool:
+    """Whether an ONNX file names our domain (a byte search: the protobuf need not be parsed,
+    and a model's inline weights are only scanned, not copied)."""
+    with open(model_path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return False
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            return data.find(DOMAIN.encode()) >= 0
+
+
+def register(options: Any) -> None:
+    """Register the operators with an ``onnxruntime.SessionOptions`` (built on first use)."""
+    options.register_custom_ops_library(str(library()))
+
+
+def for_model(options: Any, model_path: str | os.PathLike[str]) -> Any:
+    """``options``, with the operators registered if the model uses them (every session of a
+    model file goes through here: the engine's runner, the lens, prepare's fidelity check)."""
+    if uses_kernels(model_path):
+        register(options)
+    return options
+
+
+def headers() -> Path:
+    """The folder holding ONNX Runtime's C and C++ API headers."""
+    candidates = [os.environ.get(INCLUDE_ENV)]
+    candidates += [str(Path(sys.prefix) / "include" / "onnxruntime")]
+    candidates += list(_SYSTEM_INCLUDES)
+    for folder in candidates:
+        if folder and (Path(folder) / _HEADER).is_file():
+            return Path(folder)
+    raise KernelsUnavailable(
+        f"ONNX Runtime's C++ API headers ({_HEADER}) were not found: set ${INCLUDE_ENV} to the "
+        "folder holding them, or run `make kernel-deps` (it unpacks Debian's libonnxruntime-dev "
+        "into the venv)"
+    )
+
+
+def _compiler() -> str:
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        raise KernelsUnavailable("no C++ compiler (g++) to build nbresponses' ONNX operators")
+    return compiler
+
+
+def _cpu_flags() -> list[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    line = next((x for x in text.splitlines() if x.startswith("flags")), "")
+    present = set(line.split(":", 1)[-1].split())
+    return [flag for flag in _CPU_FLAGS if flag in present]
+
+
+def _command(compiler: str, include: Path, output: Path) -> list[str]:
+    sources = [str(Path(__file__).with_name(name)) for name in _SOURCES]
+    return [
+        compiler,
+        "-O3",
+        "-march=native",
+        "-std=c++17",
+        "-shared",
+        "-fPIC",
+        f"-I{include}",
+        *sources,
+        "-o",
+        str(output),
+    ]
+
+
+def _key(compiler: str, include: Path) -> str:
+    digest = hashlib.sha256()
+    for name in _SOURCES:
+        digest.update(Path(__file__).with_name(name).read_bytes())
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    header = (include / "onnxruntime_c_api.h").read_bytes()
+    for part in (version.encode(), header, " ".join(_cpu_flags()).encode()):
+        digest.update(part)
+    return digest.hexdigest()[:16]
+
+
+def library(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The compiled operators for this machine: built once into the cache, then reused."""
+    from nbresponses.models.cache import build_once, cache_root, write_manifest
+
+    flags = _cpu_flags()
+    if not ({"avx512f"} <= set(flags) or {"avx2", "f16c", "fma"} <= set(flags)):
+        raise KernelsUnavailable(
+            f"nbresponses' ONNX operators need AVX-512 or AVX2 with F16C and FMA (CPU: {flags})"
+        )
+    compiler, include = _compiler(), headers()
+    folder = cache_root(cache_dir) / "kernels" / _key(compiler, include)
+
+    def build(tmp: Path) -> None:
+        command = _command(compiler, include, tmp / _LIBRARY)
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise KernelsUnavailable(
+                f"building nbresponses' ONNX operators failed:\n{' '.join(command)}\n"
+                f"{done.stderr[-4000:]}"
+            )
+        write_manifest(tmp, {"command": command, "cpu_flags": flags})
+
+    return build_once(folder, build) / _LIBRARY

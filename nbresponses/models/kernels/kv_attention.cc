@@ -1,0 +1,318 @@
+// KVAttention (domain ai.nbresponses): attention read straight from the KV buffers.
+//
+// Why a custom operator: in standard ONNX operators a decode step's attention casts an fp16 KV
+// to fp32 copies, multiplies every row's queries with a packed copy of its keys, and masks and
+// softmaxes the buffer's whole width; here each token reads its own columns once, as stored
+// (benchmarks/kv_kernel.py measures both on the same buffers).
+//
+// Exactness by construction: a token's output is computed by one thread from its query, its
+// position and the columns it sees, in one fixed order (each score: lane-wise products over the
+// head, then a fixed reduction; softmax and the weighted sum of values column by column), with
+// nothing shared with other tokens. So its bits do not depend on the batch, the step's length,
+// the buffer's width or the thread count.
+//
+// Inputs: q [B, S, heads * head_dim] float; keys, values [B, kv_heads, W, head_dim] float or
+// float16 (the buffers after this step's columns are written); position_ids [B, S] int64.
+// Output: [B, S, heads * head_dim] float. Attributes: heads, scale, softcap (0: none), window
+// (0: none; else a token at p sees columns p - window + 1 .. p).
+#define ORT_API_MANUAL_INIT
+#include <onnxruntime_cxx_api.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;
+using Vec = __m512;
+inline Vec zero() { return _mm512_setzero_ps(); }
+inline Vec load(const float* p) { return _mm512_loadu_ps(p); }
+inline Vec load(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+inline Vec broadcast(float x) { return _mm512_set1_ps(x); }
+inline void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+
+// exp of 16 lanes: x = n ln2 + r (|r| <= ln2 / 2), e^r by its degree-7 Taylor polynomial
+// (relative error ~2e-7 there, under fp32's rounding of the sum), times 2^n (scalef: underflows
+// to 0 smoothly). Only ever called on x <= 0 (scores minus their maximum).
+inline Vec exp16(Vec x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-104.f));
+  const Vec n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  Vec r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  Vec p = _mm512_set1_ps(1.f / 5040.f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 720.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// 16 vectors' lane sums at once, each in reduce()'s order (halves, then quarters, ...): lane
+// i of the result holds the sum of v[kReduced[i]] (a token's score is the same bits whichever
+// way it is reduced, alone or among 15 others).
+inline Vec reduce16(const Vec* v) {
+  Vec w[8], x[4], y[2];
+  for (int m = 0; m < 8; ++m)  // + lanes 8 apart: [v2m, v2m+1] x 8
+    w[m] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * m], v[2 * m + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f32x4(v[2 * m], v[2 * m + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  for (int m = 0; m < 4; ++m)  // + lanes 4 apart
+    x[m] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * m], w[2 * m + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(w[2 * m], w[2 * m + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  for (int m = 0; m < 2; ++m)  // + lanes 2 apart
+    y[m] = _mm512_add_ps(_mm512_shuffle_ps(x[2 * m], x[2 * m + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(x[2 * m], x[2 * m + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], _MM_SHUFFLE(2, 0, 2, 0)),  // + neighbours
+                       _mm512_shuffle_ps(y[0], y[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+#define NBR_REDUCE16 1
+#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+constexpr int kLanes = 8;
+using Vec = __m256;
+inline Vec zero() { return _mm256_setzero_ps(); }
+inline Vec load(const float* p) { return _mm256_loadu_ps(p); }
+inline Vec load(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+inline Vec broadcast(float x) { return _mm256_set1_ps(x); }
+inline void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+#else
+#error "KVAttention needs AVX2 with F16C and FMA, or AVX-512"
+#endif
+
+constexpr int64_t kMaxHeadDim = 512;
+constexpr int64_t kPositions = 16;  // a step's positions per work item (prompt runs: balance)
+
+inline float scalar(float x) { return x; }
+inline float scalar(uint16_t h) { return _cvtsh_ss(h); }
+
+// The lanes summed in one fixed order (pairs, then pairs of pairs).
+inline float reduce(Vec v) {
+  alignas(64) float lanes[kLanes];
+  store(lanes, v);
+  for (int width = kLanes / 2; width > 0; width /= 2)
+    for (int i = 0; i < width; ++i) lanes[i] += lanes[i + width];
+  return lanes[0];
+}
+
+#ifdef NBR_REDUCE16
+// which of reduce16's 16 inputs each output lane sums (found once by reducing marked inputs)
+const int* reduced_order() {
+  static int order[16];
+  static const bool done = [] {
+    Vec v[16];
+    for (int i = 0; i < 16; ++i) v[i] = broadcast(static_cast<float>(i));
+    alignas(64) float out[16];
+    store(out, reduce16(v));
+    for (int i = 0; i < 16; ++i) order[i] = static_cast<int>(out[i] / 16.f);
+    return true;
+  }();
+  (void)done;
+  return order;
+}
+const int* const kReduced = reduced_order();
+#endif
+
+template <typename T>
+struct Job {
+  const float* q;
+  const T* keys;
+  const T* values;
+  const int64_t* positions;
+  float* out;
+  int64_t B, S, heads, kv, W, hd, window, blocks;
+  float scale, softcap;
+};
+
+// One (row, KV head): every position of the step, every query head of the group. ``Chunks``:
+// the head's vectors when known at compile time (their sums then stay in registers), else 0.
+template <typename T, int Chunks>
+void attend(void* data, size_t index) {
+  const auto& j = *static_cast<const Job<T>*>(data);
+  const int64_t block = static_cast<int64_t>(index) % j.blocks;
+  const int64_t b = static_cast<int64_t>(index) / j.blocks / j.kv;
+  const int64_t h = static_cast<int64_t>(index) / j.blocks % j.kv;
+  const int64_t group = j.heads / j.kv;
+  const int64_t full = Chunks ? Chunks * kLanes : j.hd / kLanes * kLanes;
+  const T* keys = j.keys + (b * j.kv + h) * j.W * j.hd;
+  const T* values = j.values + (b * j.kv + h) * j.W * j.hd;
+  std::vector<float> p(static_cast<size_t>(j.W));
+  Vec acc[kMaxHeadDim / kLanes], acc2[kMaxHeadDim / kLanes];
+  std::vector<float> tail(static_cast<size_t>(j.hd - full));
+  for (int64_t s = block * kPositions; s < std::min(j.S, (block + 1) * kPositions); ++s) {
+    // a token sees the columns up to its position (clamped to the buffer: padding positions)
+    const int64_t end = std::clamp<int64_t>(j.positions[b * j.S + s] + 1, 1, j.W);
+    const int64_t begin = j.window > 0 ? std::max<int64_t>(end - j.window, 0) : 0;
+    for (int64_t g = 0; g < group; ++g) {
+      const int64_t head = h * group + g;
+      const float* q = j.q + ((b * j.S + s) * j.heads + head) * j.hd;
+      float top = -INFINITY;
+      auto finish = [&](int64_t c, float x) {  // the head's tail, the scale, the cap
+        const T* k = keys + c * j.hd;
+        for (int64_t d = full; d < j.hd; ++d) x += q[d] * scalar(k[d]);
+        x *= j.scale;
+        if (j.softcap > 0.f) x = std::tanh(x / j.softcap) * j.softcap;
+        p[c] = x;
+        top = std::max(top, x);
+      };
+      auto dot = [&](int64_t c) {
+        const T* k = keys + c * j.hd;
+        Vec sum = zero();
+        for (int64_t d = 0; d < full; d += kLanes) sum = fma(load(q + d), load(k + d), sum);
+        return sum;
+      };
+#ifdef NBR_REDUCE16
+      for (int64_t c0 = begin; c0 < end; c0 += 16) {  // 16 columns' sums reduced together
+        const int64_t count = std::min<int64_t>(16, end - c0);
+        Vec sums[16];
+        for (int64_t t = 0; t < 16; ++t) sums[t] = t < count ? dot(c0 + t) : zero();
+        alignas(64) float reduced[16];
+        store(reduced, reduce16(sums));
+        for (int i = 0; i < 16; ++i)
+          if (kReduced[i] < count) finish(c0 + kReduced[i], reduced[i]);
+      }
+      const Vec shift = broadcast(top);
+      Vec sum = zero();  // lane i: the columns begin + i, begin + 16 + i, ...
+      for (int64_t c0 = begin; c0 < end; c0 += 16) {
+        const __mmask16 lanes = static_cast<__mmask16>((1u << std::min<int64_t>(16, end - c0)) - 1);
+        const Vec x = _mm512_maskz_loadu_ps(lanes, p.data() + c0);
+        const Vec e = _mm512_maskz_mov_ps(lanes, exp16(_mm512_sub_ps(x, shift)));
+        _mm512_mask_storeu_ps(p.data() + c0, lanes, e);
+        sum = _mm512_add_ps(sum, e);
+      }
+      const float total = reduce(sum);
+#else
+      for (int64_t c = begin; c < end; ++c) finish(c, reduce(dot(c)));
+      float total = 0.f;
+      for (int64_t c = begin; c < end; ++c) {
+        p[c] = std::exp(p[c] - top);
+        total += p[c];
+      }
+#endif
+      const float inv = 1.f / total;
+      // two sums (the columns at even and odd distance from begin), then their sum: twice the
+      // independent additions in flight
+      for (int64_t d = 0; d < full; d += kLanes) acc[d / kLanes] = acc2[d / kLanes] = zero();
+      std::fill(tail.begin(), tail.end(), 0.f);
+      for (int64_t c = begin; c < end; c += 2) {
+        const bool pair = c + 1 < end;
+        const Vec w0 = broadcast(p[c] * inv), w1 = broadcast(pair ? p[c + 1] * inv : 0.f);
+        const T* v0 = values + c * j.hd;
+        const T* v1 = pair ? v0 + j.hd : v0;  // w1 = 0: adds exact zeros
+        for (int64_t d = 0; d < full; d += kLanes) {
+          acc[d / kLanes] = fma(w0, load(v0 + d), acc[d / kLanes]);
+          acc2[d / kLanes] = fma(w1, load(v1 + d), acc2[d / kLanes]);
+        }
+        for (int64_t d = full; d < j.hd; ++d) tail[d - full] += p[c] * inv * scalar(v0[d]);
+        if (pair)
+          for (int64_t d = full; d < j.hd; ++d) tail[d - full] += p[c + 1] * inv * scalar(v1[d]);
+      }
+      float* o = j.out + ((b * j.S + s) * j.heads + head) * j.hd;
+      for (int64_t d = 0; d < full; d += kLanes) store(o + d, add(acc[d / kLanes], acc2[d / kLanes]));
+      for (int64_t d = full; d < j.hd; ++d) o[d] = tail[d - full];
+    }
+  }
+}
+
+struct Kernel {
+  int64_t heads, window;
+  float scale, softcap;
+
+  Kernel(const OrtApi&, const OrtKernelInfo* info) {
+    Ort::ConstKernelInfo i(info);
+    heads = i.GetAttribute<int64_t>("heads");
+    scale = i.GetAttribute<float>("scale");
+    softcap = i.GetAttribute<float>("softcap");
+    window = i.GetAttribute<int64_t>("window");
+  }
+
+  template <typename T>
+  void run(Ort::KernelContext& ctx, Job<T> job, const Ort::ConstValue& k, const Ort::ConstValue& v) {
+    job.keys = static_cast<const T*>(k.GetTensorRawData());
+    job.values = static_cast<const T*>(v.GetTensorRawData());
+    if (job.S == 0) return;
+    // the common head sizes compiled for their exact width; the same operations in any case
+    void (*kernel)(void*, size_t) = attend<T, 0>;
+    if (job.hd == 4 * kLanes) kernel = attend<T, 4>;
+    if (job.hd == 8 * kLanes) kernel = attend<T, 8>;
+    if (job.hd == 16 * kLanes) kernel = attend<T, 16>;
+    ctx.ParallelFor(kernel, static_cast<size_t>(job.B * job.kv * job.blocks), 0, &job);
+  }
+
+  void Compute(OrtKernelContext* context) {
+    Ort::KernelContext ctx(context);
+    const auto q = ctx.GetInput(0), k = ctx.GetInput(1), v = ctx.GetInput(2), ids = ctx.GetInput(3);
+    const auto qs = q.GetTensorTypeAndShapeInfo().GetShape();  // [B, S, heads * hd]
+    const auto ks = k.GetTensorTypeAndShapeInfo().GetShape();  // [B, kv, W, hd]
+    auto out = ctx.GetOutput(0, qs);
+    if (qs.size() != 3 || ks.size() != 4 || ks[0] != qs[0] || heads % ks[1] != 0 ||
+        qs[2] != heads * ks[3] || ks[3] > kMaxHeadDim)
+      ORT_CXX_API_THROW("KVAttention: q must be [B, S, heads * head_dim] and the buffers "
+                        "[B, kv_heads, W, head_dim] with heads a multiple of kv_heads and "
+                        "head_dim at most 512",
+                        ORT_INVALID_ARGUMENT);
+    auto fill = [&](auto job) {
+      job.q = q.GetTensorData<float>();
+      job.positions = ids.GetTensorData<int64_t>();
+      job.out = out.GetTensorMutableData<float>();
+      job.B = qs[0];
+      job.S = qs[1];
+      job.heads = heads;
+      job.kv = ks[1];
+      job.W = ks[2];
+      job.hd = ks[3];
+      job.window = window;
+      job.blocks = (qs[1] + kPositions - 1) / kPositions;
+      job.scale = scale;
+      job.softcap = softcap;
+      return job;
+    };
+    if (k.GetTensorTypeAndShapeInfo().GetElementType() == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16)
+      run(ctx, fill(Job<uint16_t>{}), k, v);
+    else
+      run(ctx, fill(Job<float>{}), k, v);
+  }
+};
+
+struct Op : Ort::CustomOpBase<Op, Kernel> {
+  void* CreateKernel(const OrtApi& api, const OrtKernelInfo* info) const { return new Kernel(api, info); }
+  const char* GetName() const { return "KVAttention"; }
+  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
+  size_t GetInputTypeCount() const { return 4; }
+  ONNXTensorElementDataType GetInputType(size_t i) const {
+    if (i == 0) return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    if (i == 3) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
+    return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;  // the buffers: float or float16
+  }
+  size_t GetOutputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+};
+
+const Op kOp;
+
+}  // namespace
+
+extern "C" OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* base) {
+  // the API of the headers it was built with; ONNX Runtime serves older versions (pyproject
+  // requires a runtime newer than the headers nbresponses.runtime.kernels builds against)
+  const OrtApi* api = base->GetApi(ORT_API_VERSION);
+  Ort::InitApi(api);
+  OrtCustomOpDomain* domain = nullptr;
+  if (OrtStatus* status = api->CreateCustomOpDomain("ai.nbresponses", &domain)) return status;
+  if (OrtStatus* status = api->CustomOpDomain_Add(domain, &kOp)) return status;
+  return api->AddCustomOpDomain(options, domain);
+}

@@ -1,0 +1,167 @@
+"""Our ``KVAttention`` operator (``nbresponses.models.kernels``) in the fused graph
+(``attention="kernel"``), on the tiny model of every family the builder covers.
+
+Its contract is the ops attention's (docs/concepts/determinism.md): a token's numbers do not
+depend on its step's length, its batch-mates or the buffer's width; here that holds by
+construction (one thread computes a token from its own columns in a fixed order), and these
+tests check it bit for bit. Against the ops graph and PyTorch it may differ by fp32 rounding
+only (another summation order).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import onnx
+import pytest
+from helpers.engine import alone_then_batched
+from helpers.tiny_archs import ARCHITECTURES, build_tiny_model, prepare_tiny
+
+from nbresponses.models import kernels
+from nbresponses.models.fused import build_fused_model, save_model
+from nbresponses.runtime.generator import TokenGenerator
+from nbresponses.tokens.contract import SamplingParams
+
+# of the largest |logit|: fp32 rounding in another summation order; with an fp16 KV a later
+# layer's key that differs in its last fp32 bits can round to the next float16 (2^-11 apart):
+# measured 3e-5 (Mistral), under 1e-5 elsewhere
+RELATIVE = {"float32": 1e-5, "float16": 1e-3}
+ROOM = 96
+
+
+def _session(model: onnx.ModelProto):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    kernels.register(options)
+    return ort.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+
+
+@functools.cache
+def _models(name: str, vocab_size: int, kv_dtype: str):
+    model = build_tiny_model(name, vocab_size)
+    ops = build_fused_model(model, kv_dtype=kv_dtype)
+    kernel = build_fused_model(model, attention="kernel", kv_dtype=kv_dtype)
+    return model, _session(ops), _session(kernel), kernel
+
+
+def _past(session, rows: int = 1, room: int = ROOM) -> dict[str, np.ndarray]:
+    return {
+        i.name: np.zeros(
+            (rows, i.shape[1], room, i.shape[3]),
+            np.float16 if i.type == "tensor(float16)" else np.float32,
+        )
+        for i in session.get_inputs()
+        if i.name.startswith("past_key_values")
+    }
+
+
+def _run(session, ids: np.ndarray, positions: np.ndarray, past: dict[str, np.ndarray]):
+    """One run of [B, S] ``ids`` at ``positions``; returns (logits [B, S, V], the next past)."""
+    names = [o.name for o in session.get_outputs()]
+    feeds = {
+        "input_ids": ids,
+        "position_ids": positions,
+        "num_logits_to_keep": np.zeros(1, np.int64),
+        **past,
+    }
+    out = dict(zip(names, session.run(names, feeds), strict=True))
+    return out["logits"], {
+        n.replace("present.", "past_key_values."): v for n, v in out.items() if n != "logits"
+    }
+
+
+def _prefill(session, prompt: list[int], room: int = ROOM):
+    ids = np.asarray([prompt], np.int64)
+    return _run(session, ids, np.arange(len(prompt))[None], _past(session, room=room))
+
+
+@pytest.fixture(params=list(ARCHITECTURES))
+def family(request) -> str:
+    return request.param
+
+
+@pytest.mark.parametrize("kv_dtype", ["float32", "float16"])
+def test_the_kernel_gives_the_ops_graphs_logits(family, kv_dtype, tokenizer, prompts) -> None:
+    """Prefill logits of the longest prompt (past the sliding windows) within fp32 rounding of
+    the ops graph's, the graph declaring our operator once per layer and no Softmax."""
+    model, ops, kernel, proto = _models(family, len(tokenizer), kv_dtype)
+    kinds = [n.op_type for n in proto.graph.node]
+    assert kinds.count("KVAttention") == model.config.num_hidden_layers
+    assert "Softmax" not in kinds
+    prompt = max(prompts, key=len)
+    reference, _ = _prefill(ops, prompt)
+    ours, _ = _prefill(kernel, prompt)
+    scale = np.abs(reference).max()
+    assert 0 < np.abs(ours - reference).max() <= RELATIVE[kv_dtype] * scale
+
+
+@pytest.mark.parametrize("kv_dtype", ["float32", "float16"])
+def test_a_token_is_the_same_bits_in_every_step_shape(family, kv_dtype, tokenizer, prompts):
+    """One prompt's logits, bit for bit: prefilled whole; its last 5 tokens one decode step
+    each; its last 5 in one run of 5; in a buffer of another width; and batched with a longer
+    prompt (rows at their own positions)."""
+    _, _, kernel, _ = _models(family, len(tokenizer), kv_dtype)
+    prompt, other = sorted(prompts, key=len)[0], max(prompts, key=len)
+    whole, _ = _prefill(kernel, prompt)
+    whole = whole[0]
+    n = len(prompt)
+    _, past = _prefill(kernel, prompt[:-5])
+    steps = []
+    for i in range(n - 5, n):
+        logits, past = _run(kernel, np.asarray([[prompt[i]]]), np.asarray([[i]]), past)
+        steps.append(logits[0, -1])
+    np.testing.assert_array_equal(np.stack(steps), whole[-5:])
+    _, past = _prefill(kernel, prompt[:-5])
+    chunk, _ = _run(kernel, np.asarray([prompt[-5:]]), np.arange(n - 5, n)[None], past)
+    np.testing.assert_array_equal(chunk[0], whole[-5:])
+    wide, _ = _prefill(kernel, prompt, room=ROOM + 37)
+    np.testing.assert_array_equal(wide[0], whole)
+    # batched: the short prompt padded at the end (its padding's positions continue past it)
+    ids = np.zeros((2, len(other)), np.int64)
+    ids[0, :n], ids[1] = prompt, other
+    positions = np.tile(np.arange(len(other)), (2, 1))
+    batched, _ = _run(kernel, ids, positions, _past(kernel, rows=2))
+    np.testing.assert_array_equal(batched[0, :n], whole)
+    alone, _ = _prefill(kernel, other)
+    np.testing.assert_array_equal(batched[1], alone[0])
+
+
+async def test_the_engine_runs_a_kernel_graph_exactly(tmp_path, tokenizer, prompts) -> None:
+    """A prepared folder whose graph uses the operator: the runner registers it, and every
+    request's tokens and logprobs are the same bits alone and batched with requests of other
+    lengths joining at other steps (the batched ones also hit the prefix cache the lone ones
+    filled, and speculate)."""
+    model = build_tiny_model("llama3", len(tokenizer))
+    graph = build_fused_model(model, attention="kernel", kv_dtype="float16")
+    prepared = prepare_tiny(model, graph, tmp_path / "kernel", tokenizer, "fused-fp32")
+    assert kernels.uses_kernels(prepared.onnx_path)
+    params = SamplingParams(max_tokens=10, temperature=0, logprobs=True, top_logprobs=2)
+    async with TokenGenerator(prepared, tokenizer=tokenizer) as engine:
+        assert engine.runner.kv_in_place and engine.runner.exact_steps
+        alone, batched = await alone_then_batched(engine, prompts, params)
+    assert all(steps[0].logprobs for steps in alone)
+    assert batched == alone * 2
+
+
+def test_a_graph_names_the_operators_only_when_it_uses_them(tmp_path, tokenizer) -> None:
+    model = build_tiny_model("llama3", len(tokenizer))
+    for attention, expected in (("ops", False), ("kernel", True)):
+        path = tmp_path / attention / "model.onnx"
+        path.parent.mkdir()
+        save_model(build_fused_model(model, attention=attention), path)
+        assert kernels.uses_kernels(path) is expected
+
+
+def test_without_headers_the_operators_say_how_to_get_them(tmp_path, monkeypatch) -> None:
+    import sys
+
+    monkeypatch.setenv(kernels.INCLUDE_ENV, str(tmp_path))
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))
+    monkeypatch.setattr(kernels, "_SYSTEM_INCLUDES", ())
+    with pytest.raises(kernels.KernelsUnavailable, match="make kernel-deps"):
+        kernels.headers()
