@@ -48,9 +48,11 @@ def uses_kernels(model_path: str | os.PathLike[str]) -> bool:
             return data.find(DOMAIN.encode()) >= 0
 
 
-def register(options: Any) -> None:
-    """Register the operators with an ``onnxruntime.SessionOptions`` (built on first use)."""
-    options.register_custom_ops_library(str(library()))
+def register(options: Any, flags: tuple[str, ...] = ()) -> None:
+    """Register the operators with an ``onnxruntime.SessionOptions`` (built on first use;
+    ``flags``: extra compiler flags, e.g. ``-mno-avx512f`` for the AVX2 code on a CPU that
+    has both, as the tests do)."""
+    options.register_custom_ops_library(str(library(flags=flags)))
 
 
 def for_model(options: Any, model_path: str | os.PathLike[str]) -> Any:
@@ -93,7 +95,7 @@ def _cpu_flags() -> list[str]:
     return [flag for flag in _CPU_FLAGS if flag in present]
 
 
-def _command(compiler: str, include: Path, output: Path) -> list[str]:
+def _command(compiler: str, include: Path, output: Path, flags: tuple[str, ...]) -> list[str]:
     sources = [str(Path(__file__).with_name(name)) for name in _SOURCES]
     return [
         compiler,
@@ -103,43 +105,46 @@ def _command(compiler: str, include: Path, output: Path) -> list[str]:
         "-shared",
         "-fPIC",
         f"-I{include}",
+        *flags,
         *sources,
         "-o",
         str(output),
     ]
 
 
-def _key(compiler: str, include: Path) -> str:
+def _key(compiler: str, include: Path, flags: tuple[str, ...]) -> str:
     digest = hashlib.sha256()
     for name in _SOURCES:
         digest.update(Path(__file__).with_name(name).read_bytes())
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     header = (include / "onnxruntime_c_api.h").read_bytes()
-    for part in (version.encode(), header, " ".join(_cpu_flags()).encode()):
+    for part in (version.encode(), header, " ".join([*_cpu_flags(), *flags]).encode()):
         digest.update(part)
     return digest.hexdigest()[:16]
 
 
-def library(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+def library(
+    cache_dir: str | os.PathLike[str] | None = None, *, flags: tuple[str, ...] = ()
+) -> Path:
     """The compiled operators for this machine: built once into the cache, then reused."""
     from nbresponses.models.cache import build_once, cache_root, write_manifest
 
-    flags = _cpu_flags()
-    if not ({"avx512f"} <= set(flags) or {"avx2", "f16c", "fma"} <= set(flags)):
+    cpu = _cpu_flags()
+    if not ({"avx512f"} <= set(cpu) or {"avx2", "f16c", "fma"} <= set(cpu)):
         raise KernelsUnavailable(
-            f"nbresponses' ONNX operators need AVX-512 or AVX2 with F16C and FMA (CPU: {flags})"
+            f"nbresponses' ONNX operators need AVX-512 or AVX2 with F16C and FMA (CPU: {cpu})"
         )
     compiler, include = _compiler(), headers()
-    folder = cache_root(cache_dir) / "kernels" / _key(compiler, include)
+    folder = cache_root(cache_dir) / "kernels" / _key(compiler, include, flags)
 
     def build(tmp: Path) -> None:
-        command = _command(compiler, include, tmp / _LIBRARY)
+        command = _command(compiler, include, tmp / _LIBRARY, flags)
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
             raise KernelsUnavailable(
                 f"building nbresponses' ONNX operators failed:\n{' '.join(command)}\n"
                 f"{done.stderr[-4000:]}"
             )
-        write_manifest(tmp, {"command": command, "cpu_flags": flags})
+        write_manifest(tmp, {"command": command, "cpu_flags": cpu})
 
     return build_once(folder, build) / _LIBRARY
