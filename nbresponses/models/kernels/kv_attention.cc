@@ -178,8 +178,27 @@ void attend(void* data, size_t index) {
 #ifdef NBR_REDUCE16
       for (int64_t c0 = begin; c0 < end; c0 += 16) {  // 16 columns' sums reduced together
         const int64_t count = std::min<int64_t>(16, end - c0);
+        // four columns at a time: four independent chains of products in flight (each
+        // column's sum is still its own products in head order); past the last column, the
+        // first column's keys are read and their sums dropped
         Vec sums[16];
-        for (int64_t t = 0; t < 16; ++t) sums[t] = t < count ? dot(c0 + t) : zero();
+        for (int64_t t = 0; t < 16; t += 4) {
+          const T* k0 = keys + (c0 + t) * j.hd;
+          const T* k1 = t + 1 < count ? k0 + j.hd : k0;
+          const T* k2 = t + 2 < count ? k0 + 2 * j.hd : k0;
+          const T* k3 = t + 3 < count ? k0 + 3 * j.hd : k0;
+          if (t >= count) k0 = k1 = k2 = k3 = keys + c0 * j.hd;
+          Vec a0 = zero(), a1 = zero(), a2 = zero(), a3 = zero();
+          for (int64_t d = 0; d < full; d += kLanes) {
+            const Vec qd = load(q + d);
+            a0 = fma(qd, load(k0 + d), a0);
+            a1 = fma(qd, load(k1 + d), a1);
+            a2 = fma(qd, load(k2 + d), a2);
+            a3 = fma(qd, load(k3 + d), a3);
+          }
+          sums[t] = a0, sums[t + 1] = a1, sums[t + 2] = a2, sums[t + 3] = a3;
+        }
+        for (int64_t t = count; t < 16; ++t) sums[t] = zero();
         alignas(64) float reduced[16];
         store(reduced, reduce16(sums));
         for (int i = 0; i < 16; ++i)
