@@ -31,7 +31,7 @@ _LIBRARY = "libnbresponses_kernels.so"
 _HEADER = "onnxruntime_cxx_api.h"
 _SYSTEM_INCLUDES = ("/usr/include/onnxruntime", "/usr/local/include/onnxruntime")
 # what the source needs of the CPU (besides x86-64); -march=native picks the widest it has
-_CPU_FLAGS = ("avx512f", "avx2", "f16c", "fma")
+_NEEDED = ("avx512f", "avx2", "f16c", "fma")
 
 
 class KernelsUnavailable(RuntimeError):
@@ -86,13 +86,14 @@ def _compiler() -> str:
 
 
 def _cpu_flags() -> list[str]:
+    """Every instruction-set flag of this CPU, sorted: -march=native may use any of them, so a
+    cache shared by machines must not hand one machine's build to another."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return []
     line = next((x for x in text.splitlines() if x.startswith("flags")), "")
-    present = set(line.split(":", 1)[-1].split())
-    return [flag for flag in _CPU_FLAGS if flag in present]
+    return sorted(set(line.split(":", 1)[-1].split()))
 
 
 def _command(compiler: str, include: Path, output: Path, flags: tuple[str, ...]) -> list[str]:
@@ -129,7 +130,7 @@ def library(
     """The compiled operators for this machine: built once into the cache, then reused."""
     from nbresponses.models.cache import build_once, cache_root, write_manifest
 
-    cpu = _cpu_flags()
+    cpu = [flag for flag in _cpu_flags() if flag in _NEEDED]
     if not ({"avx512f"} <= set(cpu) or {"avx2", "f16c", "fma"} <= set(cpu)):
         raise KernelsUnavailable(
             f"nbresponses' ONNX operators need AVX-512 or AVX2 with F16C and FMA (CPU: {cpu})"
