@@ -24,7 +24,7 @@ _LAZY: dict[str, str] = {
     "Engine": "nbresponses.engine",
     "RemoteEngine": "nbresponses.analysis.remote",
     "prepare_model": "nbresponses.models.prepare",
-    "list_models": "nbresponses.models.cache",
+    "list_models": "nbresponses.models.prepared",
     "PreparedModel": "nbresponses.models.prepared",
     "show": "nbresponses.view",
     "ResponseView": "nbresponses.view",

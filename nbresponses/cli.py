@@ -179,7 +179,8 @@ def format_report(model: object) -> str:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from nbresponses.models.cache import cache_root, list_models
+    from nbresponses.models.cache import cache_root
+    from nbresponses.models.prepared import list_models
 
     models = list_models(args.cache_dir)
     if not models:

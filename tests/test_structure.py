@@ -24,7 +24,6 @@ DEFERRED_IMPORTS = {
     "nbresponses/cli.py": "each command imports what it runs: `nbresponses --help` stays fast",
     "nbresponses/engine.py": "the in-process server (httpx, the SDK's client): engine.openai()",
     "nbresponses/families/registry.py": "one family per model (~0.25 s each)",
-    "nbresponses/models/cache.py": "list_models alone needs prepared.py (~0.2 s)",
     "nbresponses/runtime/generator.py": "preparing a model (export, quantize) only on load",
 }
 

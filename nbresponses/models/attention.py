@@ -35,6 +35,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from nbresponses.models.kernels import DOMAIN
+
 
 class GraphBuilder(Protocol):
     """What the attention needs of the fused builder's graph (``fused._Graph``)."""
@@ -253,8 +255,6 @@ def attention(
     const = step.const
     keys, values = write(g, step, name=name, k=k, v=v, past=past, present=present, stored=stored)
     if kernel:
-        from nbresponses.models.kernels import DOMAIN
-
         return g.node(
             "KVAttention",
             [q, keys, values, "position_ids"],

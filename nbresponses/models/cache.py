@@ -91,14 +91,3 @@ def folder_size(folder: Path) -> int:
                 seen.add((stat.st_dev, stat.st_ino))
                 total += stat.st_size
     return total
-
-
-def list_models(cache_dir: str | os.PathLike[str] | None = None) -> list:
-    """Every prepared model in the cache, newest first."""
-    # here, not at the top: prepared.py pulls in the recipes (~0.2 s measured), which
-    # cache_root's callers (the harmony vocabulary, the CLI) never need
-    from nbresponses.models.prepared import PreparedModel
-
-    models_dir = cache_root(cache_dir) / "models"
-    found = [PreparedModel.open(p) for p in models_dir.glob("*") if is_complete(p)]
-    return sorted(found, key=lambda m: m.manifest.get("created", ""), reverse=True)

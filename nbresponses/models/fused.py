@@ -47,6 +47,7 @@ from nbresponses.models.graph_contract import (  # the runner reads them here to
     LOGITS_TO_KEEP,
     SCATTER_IN_PLACE,
 )
+from nbresponses.models.kernels import DOMAIN
 
 if TYPE_CHECKING:
     from nbresponses.models.smoothing import Smoothing
@@ -891,8 +892,6 @@ def build_fused_model(
     graph = helper.make_graph(g.nodes, "nbresponses-fused", inputs, outputs, g.initializers)
     opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)]
     if attention == "kernel":
-        from nbresponses.models.kernels import DOMAIN
-
         opsets.append(helper.make_opsetid(DOMAIN, 1))
     model_proto = helper.make_model(
         graph,

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from nbresponses.models.cache import cache_root, is_complete
 from nbresponses.models.errors import ModelSourceError
 from nbresponses.models.recipes import MODEL_FILE
 from nbresponses.models.tokenizer import StoredTokenizer
@@ -97,3 +99,10 @@ class PreparedModel:
         return (
             f"{self.name} [{self.recipe}] {self.size_bytes / 1e6:.0f} MB, {self.fidelity_summary()}"
         )
+
+
+def list_models(cache_dir: str | os.PathLike[str] | None = None) -> list[PreparedModel]:
+    """Every prepared model in the cache, newest first."""
+    models_dir = cache_root(cache_dir) / "models"
+    found = [PreparedModel.open(p) for p in models_dir.glob("*") if is_complete(p)]
+    return sorted(found, key=lambda m: m.manifest.get("created", ""), reverse=True)

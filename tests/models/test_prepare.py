@@ -16,10 +16,10 @@ import onnx
 import pytest
 from helpers.paths import ROOT
 
-from nbresponses.models.cache import list_models
 from nbresponses.models.errors import ModelSourceError, RecipeError
 from nbresponses.models.fidelity import compare_logits, log_softmax
 from nbresponses.models.prepare import prepare_model
+from nbresponses.models.prepared import list_models
 from nbresponses.models.recipes import AUTO_ORDER, FIDELITY_BAR, RECIPES
 from nbresponses.models.sources import BUNDLED_ALIAS, resolve_source
 

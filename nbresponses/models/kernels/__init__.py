@@ -24,6 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from nbresponses.models.cache import build_once, cache_root, write_manifest
+
 DOMAIN = "ai.nbresponses"
 INCLUDE_ENV = "NBRESPONSES_ORT_INCLUDE"
 _SOURCES = ("kv_attention.cc",)
@@ -128,8 +130,6 @@ def library(
     cache_dir: str | os.PathLike[str] | None = None, *, flags: tuple[str, ...] = ()
 ) -> Path:
     """The compiled operators for this machine: built once into the cache, then reused."""
-    from nbresponses.models.cache import build_once, cache_root, write_manifest
-
     cpu = [flag for flag in _cpu_flags() if flag in _NEEDED]
     if not ({"avx512f"} <= set(cpu) or {"avx2", "f16c", "fma"} <= set(cpu)):
         raise KernelsUnavailable(
