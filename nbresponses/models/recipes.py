@@ -358,6 +358,7 @@ RECIPES: dict[str, Recipe] = {
             params={
                 **_Q8_PARAMS,
                 "attention": "kernel",
+                "operator": kernels.source_digest(),
             },
             from_source=fused_graph(8, attention="kernel"),
             check_source=kernel_supported,
@@ -369,6 +370,7 @@ RECIPES: dict[str, Recipe] = {
             params={
                 **_INT8_PARAMS,
                 "attention": "kernel",
+                "operator": kernels.source_digest(),
             },
             from_source=fused_integer(attention="kernel"),
             check_source=kernel_supported,

@@ -50,6 +50,15 @@ def uses_kernels(model_path: str | os.PathLike[str]) -> bool:
             return data.find(DOMAIN.encode()) >= 0
 
 
+def source_digest() -> str:
+    """The operators' source, hashed: the kernel recipes' params hold it, so a changed operator
+    (other sums, other bits) prepares their models again and measures their fidelity again."""
+    digest = hashlib.sha256()
+    for name in _SOURCES:
+        digest.update(Path(__file__).with_name(name).read_bytes())
+    return digest.hexdigest()[:12]
+
+
 def register(options: Any, flags: tuple[str, ...] = ()) -> None:
     """Register the operators with an ``onnxruntime.SessionOptions`` (built on first use;
     ``flags``: extra compiler flags, e.g. ``-mno-avx512f`` for the AVX2 code on a CPU that
@@ -116,9 +125,7 @@ def _command(compiler: str, include: Path, output: Path, flags: tuple[str, ...])
 
 
 def _key(compiler: str, include: Path, flags: tuple[str, ...]) -> str:
-    digest = hashlib.sha256()
-    for name in _SOURCES:
-        digest.update(Path(__file__).with_name(name).read_bytes())
+    digest = hashlib.sha256(source_digest().encode())
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     header = (include / "onnxruntime_c_api.h").read_bytes()
     for part in (version.encode(), header, " ".join([*_cpu_flags(), *flags]).encode()):
