@@ -18,6 +18,8 @@ from helpers.paths import ROOT, TEST_CACHE
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 TIMEOUT = {"05-performance.ipynb": 240}  # per cell, seconds; the rest use the default
 DEFAULT_TIMEOUT = 180
+# what a notebook's text says its cells print (its printed outputs must contain it)
+PRINTS = {"08-structured-outputs.ipynb": "'uniqueItems' cannot be enforced"}
 
 
 def test_there_are_notebooks() -> None:
@@ -93,3 +95,11 @@ def test_notebook_runs(path: Path, kernel_name: str, monkeypatch: pytest.MonkeyP
         for mime in output.get("data", {})
     }
     assert displayed & {"image/png", "application/vnd.jupyter.widget-view+json", "text/html"}
+    printed = "".join(
+        output.get("text", "")
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+        for output in cell.outputs
+        if output.output_type == "stream"
+    )
+    assert PRINTS.get(path.name, "") in printed
