@@ -15,6 +15,7 @@ Operators: ``KVAttention`` (``kv_attention.cc``): attention read straight from t
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import mmap
 import os
@@ -124,6 +125,7 @@ def _command(compiler: str, include: Path, output: Path, flags: tuple[str, ...])
     ]
 
 
+@functools.cache  # once a process: it runs the compiler and reads the headers and the CPU
 def _key(compiler: str, include: Path, flags: tuple[str, ...]) -> str:
     digest = hashlib.sha256(source_digest().encode())
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
