@@ -193,8 +193,9 @@ def fused_graph(bits: int | None, attention: str = "ops") -> Callable[[Any, Path
     return build
 
 
-def fused_integer(attention: str = "ops") -> Callable[[Any, Path], None]:
-    """The fused graph with exact integer matrix products (``fused._IntegerGraph``)."""
+def fused_integer(attention: str = "ops", quantizer: str = "ops") -> Callable[[Any, Path], None]:
+    """The fused graph with exact integer matrix products (``fused._IntegerGraph``);
+    ``attention`` and ``quantizer``: the builder's kinds (``build_fused_model``)."""
 
     def build(source: Any, target: Path) -> None:
         fused_supported(source)
@@ -210,6 +211,7 @@ def fused_integer(attention: str = "ops") -> Callable[[Any, Path], None]:
             tensors=source.tensors,
             kv_dtype=INTEGER_KV,
             attention=attention,
+            quantizer=quantizer,
         )
         fused.save_model(model, target)
 
@@ -370,9 +372,10 @@ RECIPES: dict[str, Recipe] = {
             params={
                 **_INT8_PARAMS,
                 "attention": "kernel",
+                "quantizer": "kernel",
                 "operator": kernels.source_digest(),
             },
-            from_source=fused_integer(attention="kernel"),
+            from_source=fused_integer(attention="kernel", quantizer="kernel"),
             check_source=kernel_supported,
         ),
     )

@@ -25,7 +25,7 @@ from helpers.tiny_archs import (
     save_tiny_model,
 )
 
-from nbresponses.models import architectures
+from nbresponses.models import architectures, kernels
 from nbresponses.models.fused import (
     MAX_POSITIONS,
     UnsupportedArchitecture,
@@ -46,6 +46,8 @@ def _session(model: onnx.ModelProto):
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    if any(node.domain == kernels.DOMAIN for node in model.graph.node):
+        kernels.register(options)
     return ort.InferenceSession(
         model.SerializeToString(), options, providers=["CPUExecutionProvider"]
     )
@@ -266,9 +268,10 @@ def test_long_rope_stops_at_the_original_context(arch) -> None:
         assert positions == config.max_position_embeddings
 
 
-def _integer_graph(model, tokenizer):
+def _integer_graph(model, tokenizer, quantizer: str = "ops"):
     """The ``fused-int8`` recipe's graph: smoothing calibrated on the model, outliers apart,
-    the down projections in 8-bit blocks."""
+    the down projections in 8-bit blocks (``quantizer="kernel"``: ``fused-int8-kernel``'s
+    products)."""
     from nbresponses.models.recipes import (
         INTEGER_BLOCKS,
         INTEGER_KV,
@@ -284,6 +287,7 @@ def _integer_graph(model, tokenizer):
         outliers=INTEGER_OUTLIERS,
         blocks=INTEGER_BLOCKS,
         kv_dtype=INTEGER_KV,
+        quantizer=quantizer,
     )
 
 
@@ -298,6 +302,36 @@ def test_the_integer_graph_shares_its_rows_zero_points(arch, tokenizer) -> None:
     assert quantizers and all(n.input[2] in zero_points for n in quantizers), name
     outliers = [n for n in nodes if n.name.endswith("_outliers")]
     assert outliers and {n.op_type for n in outliers} == {"MatMul"}, name
+
+
+def test_our_quantizer_gives_the_integer_graph_the_same_bits(arch, prompts, tokenizer) -> None:
+    """``QuantizeRows`` and ``OutlierProduct`` in place of the standard operators (a mask,
+    Gather, Abs, ReduceMax, Mul and QuantizeLinear a product; the outliers' MatMul and Add):
+    one node each, and the same logits bit for bit, a prompt's prefill and one-token steps
+    after it (QuantizeRows gives those operators' bits by construction, tests/models/
+    test_kernel_integer.py; OutlierProduct's fixed fma chain measured the same bits as MLAS's
+    SGEMM at K = 16)."""
+    name, model, _ = arch
+    try:
+        kernels.library()
+    except kernels.KernelsUnavailable as error:
+        pytest.skip(str(error))
+    ops, ours = (_integer_graph(model, tokenizer, q) for q in ("ops", "kernel"))
+    kinds = Counter(n.op_type for n in ours.graph.node)
+    assert not {"QuantizeLinear", "Abs", "ReduceMax"} & set(kinds), name
+    assert kinds["QuantizeRows"] == kinds["MatMulIntegerToFloat"] > 0, name
+    assert kinds["OutlierProduct"] > 0 and len(ours.graph.node) < len(ops.graph.node), name
+    prompt = max(prompts, key=len)
+    logits = []
+    for graph in (ops, ours):
+        session = _session(graph)
+        out, past = _step(session, prompt, 0, _empty_past(session))
+        steps = [out]
+        for i, token in enumerate((5, 9, 2)):
+            out, past = _step(session, [token], len(prompt) + i, past)
+            steps.append(out)
+        logits.append(np.concatenate(steps))
+    assert np.array_equal(logits[0], logits[1]), name
 
 
 @pytest.mark.slow

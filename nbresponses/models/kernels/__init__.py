@@ -9,8 +9,13 @@ The headers: ``$NBRESPONSES_ORT_INCLUDE``, else ``<venv>/include/onnxruntime`` (
 Debian's ``libonnxruntime-dev`` headers there), else the system's include folders. The C API is
 versioned and ONNX Runtime serves older versions, so headers older than the runtime work.
 
-Operators: ``KVAttention`` (``kv_attention.cc``): attention read straight from the KV buffers
-(``attention.attention(kernel=True)`` puts it in a graph).
+Operators (``register.cc`` adds them to the domain):
+
+- ``KVAttention`` (``kv_attention.cc``): attention read straight from the KV buffers
+  (``attention.attention(kernel=True)`` puts it in a graph);
+- ``QuantizeRows`` (``quantize_rows.cc``) and ``OutlierProduct`` (``outlier_product.cc``): the
+  integer products' row quantization and outlier channels, one node each
+  (``fused._IntegerGraph(quantizer="kernel")``).
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ from nbresponses.models.cache import build_once, cache_root, write_manifest
 
 DOMAIN = "ai.nbresponses"
 INCLUDE_ENV = "NBRESPONSES_ORT_INCLUDE"
-_SOURCES = ("kv_attention.cc",)
+_SOURCES = ("kv_attention.cc", "quantize_rows.cc", "outlier_product.cc", "register.cc")
+_HEADERS = ("simd.h",)  # included by the sources: part of their digest
 _LIBRARY = "libnbresponses_kernels.so"
 _HEADER = "onnxruntime_cxx_api.h"
 _SYSTEM_INCLUDES = ("/usr/include/onnxruntime", "/usr/local/include/onnxruntime")
@@ -55,7 +61,7 @@ def source_digest() -> str:
     """The operators' source, hashed: the kernel recipes' params hold it, so a changed operator
     (other sums, other bits) prepares their models again and measures their fidelity again."""
     digest = hashlib.sha256()
-    for name in _SOURCES:
+    for name in (*_SOURCES, *_HEADERS):
         digest.update(Path(__file__).with_name(name).read_bytes())
     return digest.hexdigest()[:12]
 

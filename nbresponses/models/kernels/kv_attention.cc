@@ -17,7 +17,8 @@
 // (0: none; else a token at p sees columns p - window + 1 .. p).
 #define ORT_API_MANUAL_INIT
 #include <onnxruntime_cxx_api.h>
-#include <immintrin.h>
+
+#include "simd.h"
 
 #include <algorithm>
 #include <cmath>
@@ -27,19 +28,9 @@
 
 namespace {
 
-#if defined(__AVX512F__)
-constexpr int kLanes = 16;
-using Vec = __m512;
-inline Vec zero() { return _mm512_setzero_ps(); }
-inline Vec load(const float* p) { return _mm512_loadu_ps(p); }
-inline Vec load(const uint16_t* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-inline Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
-inline Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
-inline Vec broadcast(float x) { return _mm512_set1_ps(x); }
-inline void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+using namespace nbr;
 
+#if defined(__AVX512F__)
 // exp of 16 lanes: x = n ln2 + r (|r| <= ln2 / 2), e^r by its degree-7 Taylor polynomial
 // (relative error ~2e-7 there, under fp32's rounding of the sum), times 2^n (scalef: underflows
 // to 0 smoothly). Only ever called on x <= 0 (scores minus their maximum).
@@ -78,27 +69,10 @@ inline Vec reduce16(const Vec* v) {
                        _mm512_shuffle_ps(y[0], y[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 #define NBR_REDUCE16 1
-#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
-constexpr int kLanes = 8;
-using Vec = __m256;
-inline Vec zero() { return _mm256_setzero_ps(); }
-inline Vec load(const float* p) { return _mm256_loadu_ps(p); }
-inline Vec load(const uint16_t* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-inline Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
-inline Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
-inline Vec broadcast(float x) { return _mm256_set1_ps(x); }
-inline void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
-#else
-#error "KVAttention needs AVX2 with F16C and FMA, or AVX-512"
 #endif
 
 constexpr int64_t kMaxHeadDim = 512;
 constexpr int64_t kPositions = 16;  // a step's positions per work item (prompt runs: balance)
-
-inline float scalar(float x) { return x; }
-inline float scalar(uint16_t h) { return _cvtsh_ss(h); }
 
 // The lanes summed in one fixed order (pairs, then pairs of pairs).
 inline float reduce(Vec v) {
@@ -321,17 +295,10 @@ struct Op : Ort::CustomOpBase<Op, Kernel> {
   ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
 };
 
-const Op kOp;
-
 }  // namespace
 
-extern "C" OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* base) {
-  // the API of the headers it was built with; ONNX Runtime serves older versions (pyproject
-  // requires a runtime newer than the headers nbresponses.runtime.kernels builds against)
-  const OrtApi* api = base->GetApi(ORT_API_VERSION);
-  Ort::InitApi(api);
-  OrtCustomOpDomain* domain = nullptr;
-  if (OrtStatus* status = api->CreateCustomOpDomain("ai.nbresponses", &domain)) return status;
-  if (OrtStatus* status = api->CustomOpDomain_Add(domain, &kOp)) return status;
-  return api->AddCustomOpDomain(options, domain);
+// the operator, for register.cc
+const OrtCustomOp* KVAttentionOp() {
+  static const Op op;
+  return &op;
 }

@@ -1,0 +1,41 @@
+#pragma once
+// The vector helpers our operators share: AVX-512 where the build has it, else AVX2 with F16C
+// and FMA (-march=native picks; the tests also build the AVX2 code on AVX-512 machines).
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace nbr {
+
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;
+using Vec = __m512;
+inline Vec zero() { return _mm512_setzero_ps(); }
+inline Vec load(const float* p) { return _mm512_loadu_ps(p); }
+inline Vec load(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+inline Vec broadcast(float x) { return _mm512_set1_ps(x); }
+inline void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+constexpr int kLanes = 8;
+using Vec = __m256;
+inline Vec zero() { return _mm256_setzero_ps(); }
+inline Vec load(const float* p) { return _mm256_loadu_ps(p); }
+inline Vec load(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+inline Vec broadcast(float x) { return _mm256_set1_ps(x); }
+inline void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+#else
+#error "nbresponses' operators need AVX2 with F16C and FMA, or AVX-512"
+#endif
+
+inline float scalar(float x) { return x; }
+inline float scalar(uint16_t h) { return _cvtsh_ss(h); }
+
+}  // namespace nbr
