@@ -112,8 +112,139 @@ struct Job {
   float scale, softcap;
 };
 
-// One (row, KV head): every position of the step, every query head of the group. ``Chunks``:
-// the head's vectors when known at compile time (their sums then stay in registers), else 0.
+// Up to four query heads of one KV head at one position: their scores share each key's loads,
+// their weighted sums each value's (each score and each sum is still its own chain of
+// operations in the order attend() describes, so sharing changes no bit). ``Chunks``: the
+// head's vectors when known at compile time (their sums then stay in registers), else 0.
+template <typename T, int Chunks, int H>
+void attend_heads(const Job<T>& j, int64_t b, int64_t s, int64_t head0, int64_t begin, int64_t end,
+                  float* scores, float* tail) {
+  const int64_t h = head0 / (j.heads / j.kv);
+  const int64_t full = Chunks ? Chunks * kLanes : j.hd / kLanes * kLanes;
+  const T* keys = j.keys + (b * j.kv + h) * j.W * j.hd;
+  const T* values = j.values + (b * j.kv + h) * j.W * j.hd;
+  const float* q[H];
+  float* p[H];
+  float top[H], inv[H];
+  for (int g = 0; g < H; ++g) {
+    q[g] = j.q + ((b * j.S + s) * j.heads + head0 + g) * j.hd;
+    p[g] = scores + g * j.W;
+    top[g] = -INFINITY;
+  }
+  auto finish = [&](int g, int64_t c, float x) {  // the head's tail, the scale, the cap
+    const T* k = keys + c * j.hd;
+    for (int64_t d = full; d < j.hd; ++d) x += q[g][d] * scalar(k[d]);
+    x *= j.scale;
+    if (j.softcap > 0.f) x = std::tanh(x / j.softcap) * j.softcap;
+    p[g][c] = x;
+    top[g] = std::max(top[g], x);
+  };
+#ifdef NBR_REDUCE16
+  for (int64_t c0 = begin; c0 < end; c0 += 16) {  // 16 columns' sums reduced together
+    const int64_t count = std::min<int64_t>(16, end - c0);
+    // four columns at a time: four independent chains of products in flight per head (each
+    // column's sum is still its own products in head order); past the last column, the first
+    // column's keys are read and their sums dropped
+    Vec sums[H][16];
+    for (int64_t t = 0; t < 16; t += 4) {
+      const T* k0 = keys + (c0 + t) * j.hd;
+      const T* k1 = t + 1 < count ? k0 + j.hd : k0;
+      const T* k2 = t + 2 < count ? k0 + 2 * j.hd : k0;
+      const T* k3 = t + 3 < count ? k0 + 3 * j.hd : k0;
+      if (t >= count) k0 = k1 = k2 = k3 = keys + c0 * j.hd;
+      Vec a[H][4];
+      for (int g = 0; g < H; ++g) a[g][0] = a[g][1] = a[g][2] = a[g][3] = zero();
+      for (int64_t d = 0; d < full; d += kLanes) {
+        const Vec x0 = load(k0 + d), x1 = load(k1 + d), x2 = load(k2 + d), x3 = load(k3 + d);
+        for (int g = 0; g < H; ++g) {
+          const Vec qd = load(q[g] + d);
+          a[g][0] = fma(qd, x0, a[g][0]);
+          a[g][1] = fma(qd, x1, a[g][1]);
+          a[g][2] = fma(qd, x2, a[g][2]);
+          a[g][3] = fma(qd, x3, a[g][3]);
+        }
+      }
+      for (int g = 0; g < H; ++g)
+        for (int i = 0; i < 4; ++i) sums[g][t + i] = a[g][i];
+    }
+    for (int g = 0; g < H; ++g) {
+      for (int64_t t = count; t < 16; ++t) sums[g][t] = zero();
+      alignas(64) float reduced[16];
+      store(reduced, reduce16(sums[g]));
+      for (int i = 0; i < 16; ++i)
+        if (kReduced[i] < count) finish(g, c0 + kReduced[i], reduced[i]);
+    }
+  }
+  for (int g = 0; g < H; ++g) {
+    const Vec shift = broadcast(top[g]);
+    Vec sum = zero();  // lane i: the columns begin + i, begin + 16 + i, ...
+    for (int64_t c0 = begin; c0 < end; c0 += 16) {
+      const __mmask16 lanes = static_cast<__mmask16>((1u << std::min<int64_t>(16, end - c0)) - 1);
+      const Vec x = _mm512_maskz_loadu_ps(lanes, p[g] + c0);
+      const Vec e = _mm512_maskz_mov_ps(lanes, exp16(_mm512_sub_ps(x, shift)));
+      _mm512_mask_storeu_ps(p[g] + c0, lanes, e);
+      sum = _mm512_add_ps(sum, e);
+    }
+    inv[g] = 1.f / reduce(sum);
+  }
+#else
+  for (int g = 0; g < H; ++g) {
+    for (int64_t c = begin; c < end; ++c) {
+      const T* k = keys + c * j.hd;
+      Vec sum = zero();
+      for (int64_t d = 0; d < full; d += kLanes) sum = fma(load(q[g] + d), load(k + d), sum);
+      finish(g, c, reduce(sum));
+    }
+    float total = 0.f;
+    for (int64_t c = begin; c < end; ++c) {
+      p[g][c] = std::exp(p[g][c] - top[g]);
+      total += p[g][c];
+    }
+    inv[g] = 1.f / total;
+  }
+#endif
+  // per head two sums (the columns at even and odd distance from begin), then their sum: twice
+  // the independent additions in flight
+  constexpr int64_t kVecs = Chunks ? Chunks : kMaxHeadDim / kLanes;
+  Vec acc[H][kVecs], acc2[H][kVecs];
+  const int64_t rest = j.hd - full;
+  for (int g = 0; g < H; ++g) {
+    for (int64_t d = 0; d < full; d += kLanes) acc[g][d / kLanes] = acc2[g][d / kLanes] = zero();
+    std::fill(tail + g * rest, tail + (g + 1) * rest, 0.f);
+  }
+  for (int64_t c = begin; c < end; c += 2) {
+    const bool pair = c + 1 < end;
+    const T* v0 = values + c * j.hd;
+    const T* v1 = pair ? v0 + j.hd : v0;  // w1 = 0: adds exact zeros
+    Vec w0[H], w1[H];
+    for (int g = 0; g < H; ++g) {
+      w0[g] = broadcast(p[g][c] * inv[g]);
+      w1[g] = broadcast(pair ? p[g][c + 1] * inv[g] : 0.f);
+    }
+    for (int64_t d = 0; d < full; d += kLanes) {
+      const Vec x0 = load(v0 + d), x1 = load(v1 + d);
+      for (int g = 0; g < H; ++g) {
+        acc[g][d / kLanes] = fma(w0[g], x0, acc[g][d / kLanes]);
+        acc2[g][d / kLanes] = fma(w1[g], x1, acc2[g][d / kLanes]);
+      }
+    }
+    for (int g = 0; g < H; ++g) {
+      float* t = tail + g * rest;
+      for (int64_t d = full; d < j.hd; ++d) t[d - full] += p[g][c] * inv[g] * scalar(v0[d]);
+      if (pair)
+        for (int64_t d = full; d < j.hd; ++d) t[d - full] += p[g][c + 1] * inv[g] * scalar(v1[d]);
+    }
+  }
+  for (int g = 0; g < H; ++g) {
+    float* o = j.out + ((b * j.S + s) * j.heads + head0 + g) * j.hd;
+    for (int64_t d = 0; d < full; d += kLanes)
+      store(o + d, add(acc[g][d / kLanes], acc2[g][d / kLanes]));
+    for (int64_t d = full; d < j.hd; ++d) o[d] = tail[g * rest + d - full];
+  }
+}
+
+// One (row, KV head, up to kPositions positions): every query head of the group, four at a
+// time. A token's output is computed from its own query, position and columns only.
 template <typename T, int Chunks>
 void attend(void* data, size_t index) {
   const auto& j = *static_cast<const Job<T>*>(data);
@@ -121,102 +252,20 @@ void attend(void* data, size_t index) {
   const int64_t b = static_cast<int64_t>(index) / j.blocks / j.kv;
   const int64_t h = static_cast<int64_t>(index) / j.blocks % j.kv;
   const int64_t group = j.heads / j.kv;
-  const int64_t full = Chunks ? Chunks * kLanes : j.hd / kLanes * kLanes;
-  const T* keys = j.keys + (b * j.kv + h) * j.W * j.hd;
-  const T* values = j.values + (b * j.kv + h) * j.W * j.hd;
-  std::vector<float> p(static_cast<size_t>(j.W));
-  Vec acc[kMaxHeadDim / kLanes], acc2[kMaxHeadDim / kLanes];
-  std::vector<float> tail(static_cast<size_t>(j.hd - full));
+  std::vector<float> scores(static_cast<size_t>(4 * j.W));
+  std::vector<float> tail(static_cast<size_t>(4 * (j.hd % kLanes)));
   for (int64_t s = block * kPositions; s < std::min(j.S, (block + 1) * kPositions); ++s) {
     // a token sees the columns up to its position (clamped to the buffer: padding positions)
     const int64_t end = std::clamp<int64_t>(j.positions[b * j.S + s] + 1, 1, j.W);
     const int64_t begin = j.window > 0 ? std::max<int64_t>(end - j.window, 0) : 0;
-    for (int64_t g = 0; g < group; ++g) {
-      const int64_t head = h * group + g;
-      const float* q = j.q + ((b * j.S + s) * j.heads + head) * j.hd;
-      float top = -INFINITY;
-      auto finish = [&](int64_t c, float x) {  // the head's tail, the scale, the cap
-        const T* k = keys + c * j.hd;
-        for (int64_t d = full; d < j.hd; ++d) x += q[d] * scalar(k[d]);
-        x *= j.scale;
-        if (j.softcap > 0.f) x = std::tanh(x / j.softcap) * j.softcap;
-        p[c] = x;
-        top = std::max(top, x);
-      };
-      auto dot = [&](int64_t c) {
-        const T* k = keys + c * j.hd;
-        Vec sum = zero();
-        for (int64_t d = 0; d < full; d += kLanes) sum = fma(load(q + d), load(k + d), sum);
-        return sum;
-      };
-#ifdef NBR_REDUCE16
-      for (int64_t c0 = begin; c0 < end; c0 += 16) {  // 16 columns' sums reduced together
-        const int64_t count = std::min<int64_t>(16, end - c0);
-        // four columns at a time: four independent chains of products in flight (each
-        // column's sum is still its own products in head order); past the last column, the
-        // first column's keys are read and their sums dropped
-        Vec sums[16];
-        for (int64_t t = 0; t < 16; t += 4) {
-          const T* k0 = keys + (c0 + t) * j.hd;
-          const T* k1 = t + 1 < count ? k0 + j.hd : k0;
-          const T* k2 = t + 2 < count ? k0 + 2 * j.hd : k0;
-          const T* k3 = t + 3 < count ? k0 + 3 * j.hd : k0;
-          if (t >= count) k0 = k1 = k2 = k3 = keys + c0 * j.hd;
-          Vec a0 = zero(), a1 = zero(), a2 = zero(), a3 = zero();
-          for (int64_t d = 0; d < full; d += kLanes) {
-            const Vec qd = load(q + d);
-            a0 = fma(qd, load(k0 + d), a0);
-            a1 = fma(qd, load(k1 + d), a1);
-            a2 = fma(qd, load(k2 + d), a2);
-            a3 = fma(qd, load(k3 + d), a3);
-          }
-          sums[t] = a0, sums[t + 1] = a1, sums[t + 2] = a2, sums[t + 3] = a3;
-        }
-        for (int64_t t = count; t < 16; ++t) sums[t] = zero();
-        alignas(64) float reduced[16];
-        store(reduced, reduce16(sums));
-        for (int i = 0; i < 16; ++i)
-          if (kReduced[i] < count) finish(c0 + kReduced[i], reduced[i]);
+    for (int64_t g = 0; g < group; g += 4) {
+      const int64_t head0 = h * group + g;
+      switch (std::min<int64_t>(4, group - g)) {
+        case 4: attend_heads<T, Chunks, 4>(j, b, s, head0, begin, end, scores.data(), tail.data()); break;
+        case 3: attend_heads<T, Chunks, 3>(j, b, s, head0, begin, end, scores.data(), tail.data()); break;
+        case 2: attend_heads<T, Chunks, 2>(j, b, s, head0, begin, end, scores.data(), tail.data()); break;
+        default: attend_heads<T, Chunks, 1>(j, b, s, head0, begin, end, scores.data(), tail.data());
       }
-      const Vec shift = broadcast(top);
-      Vec sum = zero();  // lane i: the columns begin + i, begin + 16 + i, ...
-      for (int64_t c0 = begin; c0 < end; c0 += 16) {
-        const __mmask16 lanes = static_cast<__mmask16>((1u << std::min<int64_t>(16, end - c0)) - 1);
-        const Vec x = _mm512_maskz_loadu_ps(lanes, p.data() + c0);
-        const Vec e = _mm512_maskz_mov_ps(lanes, exp16(_mm512_sub_ps(x, shift)));
-        _mm512_mask_storeu_ps(p.data() + c0, lanes, e);
-        sum = _mm512_add_ps(sum, e);
-      }
-      const float total = reduce(sum);
-#else
-      for (int64_t c = begin; c < end; ++c) finish(c, reduce(dot(c)));
-      float total = 0.f;
-      for (int64_t c = begin; c < end; ++c) {
-        p[c] = std::exp(p[c] - top);
-        total += p[c];
-      }
-#endif
-      const float inv = 1.f / total;
-      // two sums (the columns at even and odd distance from begin), then their sum: twice the
-      // independent additions in flight
-      for (int64_t d = 0; d < full; d += kLanes) acc[d / kLanes] = acc2[d / kLanes] = zero();
-      std::fill(tail.begin(), tail.end(), 0.f);
-      for (int64_t c = begin; c < end; c += 2) {
-        const bool pair = c + 1 < end;
-        const Vec w0 = broadcast(p[c] * inv), w1 = broadcast(pair ? p[c + 1] * inv : 0.f);
-        const T* v0 = values + c * j.hd;
-        const T* v1 = pair ? v0 + j.hd : v0;  // w1 = 0: adds exact zeros
-        for (int64_t d = 0; d < full; d += kLanes) {
-          acc[d / kLanes] = fma(w0, load(v0 + d), acc[d / kLanes]);
-          acc2[d / kLanes] = fma(w1, load(v1 + d), acc2[d / kLanes]);
-        }
-        for (int64_t d = full; d < j.hd; ++d) tail[d - full] += p[c] * inv * scalar(v0[d]);
-        if (pair)
-          for (int64_t d = full; d < j.hd; ++d) tail[d - full] += p[c + 1] * inv * scalar(v1[d]);
-      }
-      float* o = j.out + ((b * j.S + s) * j.heads + head) * j.hd;
-      for (int64_t d = 0; d < full; d += kLanes) store(o + d, add(acc[d / kLanes], acc2[d / kLanes]));
-      for (int64_t d = full; d < j.hd; ++d) o[d] = tail[d - full];
     }
   }
 }

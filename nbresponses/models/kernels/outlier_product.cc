@@ -4,7 +4,7 @@
 // of them) by their weight rows in fp32 and adds that to the integer product's output. As a
 // MatMul (K = 16) and an Add that is two nodes a product, and MLAS's SGEMM is built for large
 // K: at one row it spends more time on the call than on the 16 x N products. Here: one node, one
-// pass over the weight rows.
+// pass over the weight rows, shared by the rows of a step or a prompt's run.
 //
 // Exactness: each output element is its row's own fixed chain, acc = fma(picked[k], w[k], acc)
 // for k = 0, 1, ..., then base + acc, the same in the vector lanes and the scalar tail (fma
@@ -17,6 +17,7 @@
 
 #include "simd.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -24,40 +25,50 @@ namespace {
 
 using namespace nbr;
 
+constexpr int64_t kTile = 16 * kLanes;  // columns a work item takes: its weight rows stay in L1
+constexpr int64_t kRowBlock = 64;        // rows a work item takes (a prompt's run: balance)
+constexpr int64_t kInline = 1 << 16;     // products below which one thread does them all
+
 struct Job {
   const float* base;
   const float* picked;
   const float* weight;
   float* out;
-  int64_t N, n;
+  int64_t rows, N, n, tiles;
 };
 
-void add_row(void* data, size_t index) {
+// One tile of columns for one block of rows: every row reads the tile's weights while they
+// are in L1 (a row's elements are the same chains whichever rows share the tile).
+void add_tile(void* data, size_t index) {
   const auto& j = *static_cast<const Job*>(data);
-  const int64_t row = static_cast<int64_t>(index);
-  const float* p = j.picked + row * j.n;
-  const float* base = j.base + row * j.N;
-  float* out = j.out + row * j.N;
-  const int64_t full = j.N / (4 * kLanes) * (4 * kLanes);
-  for (int64_t c = 0; c < full; c += 4 * kLanes) {  // four vectors of columns at a time
-    Vec a0 = zero(), a1 = zero(), a2 = zero(), a3 = zero();
-    for (int64_t k = 0; k < j.n; ++k) {
-      const Vec pk = broadcast(p[k]);
-      const float* w = j.weight + k * j.N + c;
-      a0 = fma(pk, load(w), a0);
-      a1 = fma(pk, load(w + kLanes), a1);
-      a2 = fma(pk, load(w + 2 * kLanes), a2);
-      a3 = fma(pk, load(w + 3 * kLanes), a3);
+  const int64_t tile = static_cast<int64_t>(index) % j.tiles;
+  const int64_t block = static_cast<int64_t>(index) / j.tiles;
+  const int64_t begin = tile * kTile, end = std::min(j.N, begin + kTile);
+  const int64_t full = begin + (end - begin) / (4 * kLanes) * (4 * kLanes);
+  for (int64_t row = block * kRowBlock; row < std::min(j.rows, (block + 1) * kRowBlock); ++row) {
+    const float* p = j.picked + row * j.n;
+    const float* base = j.base + row * j.N;
+    float* out = j.out + row * j.N;
+    for (int64_t c = begin; c < full; c += 4 * kLanes) {  // four vectors of columns at a time
+      Vec a0 = zero(), a1 = zero(), a2 = zero(), a3 = zero();
+      for (int64_t k = 0; k < j.n; ++k) {
+        const Vec pk = broadcast(p[k]);
+        const float* w = j.weight + k * j.N + c;
+        a0 = fma(pk, load(w), a0);
+        a1 = fma(pk, load(w + kLanes), a1);
+        a2 = fma(pk, load(w + 2 * kLanes), a2);
+        a3 = fma(pk, load(w + 3 * kLanes), a3);
+      }
+      store(out + c, add(load(base + c), a0));
+      store(out + c + kLanes, add(load(base + c + kLanes), a1));
+      store(out + c + 2 * kLanes, add(load(base + c + 2 * kLanes), a2));
+      store(out + c + 3 * kLanes, add(load(base + c + 3 * kLanes), a3));
     }
-    store(out + c, add(load(base + c), a0));
-    store(out + c + kLanes, add(load(base + c + kLanes), a1));
-    store(out + c + 2 * kLanes, add(load(base + c + 2 * kLanes), a2));
-    store(out + c + 3 * kLanes, add(load(base + c + 3 * kLanes), a3));
-  }
-  for (int64_t c = full; c < j.N; ++c) {
-    float acc = 0.f;
-    for (int64_t k = 0; k < j.n; ++k) acc = std::fma(p[k], j.weight[k * j.N + c], acc);
-    out[c] = base[c] + acc;
+    for (int64_t c = full; c < end; ++c) {
+      float acc = 0.f;
+      for (int64_t k = 0; k < j.n; ++k) acc = std::fma(p[k], j.weight[k * j.N + c], acc);
+      out[c] = base[c] + acc;
+    }
   }
 }
 
@@ -77,10 +88,15 @@ struct Kernel {
     auto out = ctx.GetOutput(0, shape);
     const int64_t N = shape.back();
     const int64_t rows = N ? static_cast<int64_t>(base.GetTensorTypeAndShapeInfo().GetElementCount()) / N : 0;
+    const int64_t tiles = (N + kTile - 1) / kTile;
     Job job{base.GetTensorData<float>(), picked.GetTensorData<float>(), weight.GetTensorData<float>(),
-            out.GetTensorMutableData<float>(), N, ws[0]};
-    if (rows == 1) return add_row(&job, 0);  // a decode step: no hand-off to the pool
-    if (rows > 0) ctx.ParallelFor(add_row, static_cast<size_t>(rows), 0, &job);
+            out.GetTensorMutableData<float>(), rows, N, ws[0], tiles};
+    const int64_t items = tiles * ((rows + kRowBlock - 1) / kRowBlock);
+    if (rows * N * ws[0] < kInline) {  // a decode step's small products: no hand-off to the pool
+      for (int64_t i = 0; i < items; ++i) add_tile(&job, static_cast<size_t>(i));
+    } else if (items > 0) {
+      ctx.ParallelFor(add_tile, static_cast<size_t>(items), 0, &job);
+    }
   }
 };
 

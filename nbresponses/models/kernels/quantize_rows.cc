@@ -16,13 +16,18 @@
 #define ORT_API_MANUAL_INIT
 #include <onnxruntime_cxx_api.h>
 
+#include "simd.h"
+
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
 namespace {
 
+using namespace nbr;
+
 constexpr float kInv127 = static_cast<float>(1.0 / 127.0);  // np.float32(1 / 127)
+constexpr int64_t kInline = 1 << 16;  // elements below which one thread quantizes them all
 
 struct Job {
   const float* x;
@@ -34,20 +39,45 @@ struct Job {
   int64_t K, n;
 };
 
+// kLanes lanes' quantized values (already in [-128, 127], rounded to integers as floats) plus
+// the zero point, stored as kLanes bytes
+inline void store_bytes(uint8_t* q, Vec v) {
+#if defined(__AVX512F__)
+  const __m512i x = _mm512_add_epi32(_mm512_cvtps_epi32(v), _mm512_set1_epi32(128));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(x));
+#else
+  const __m256i x = _mm256_add_epi32(_mm256_cvtps_epi32(v), _mm256_set1_epi32(128));
+  const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(q), _mm_packus_epi16(words, words));
+#endif
+}
+
+// One row, in vectors and a scalar tail that compute each element alike: x * keep, divided by
+// the scale, clamped (max first: a NaN, 0 / 0 of a row of zeros, gives -128 as in MLAS),
+// rounded half to even (the default rounding mode, as MLAS's conversion), plus 128.
 void quantize_row(void* data, size_t index) {
   const auto& j = *static_cast<const Job*>(data);
   const int64_t row = static_cast<int64_t>(index);
   const float* x = j.x + row * j.K;
+  const int64_t full = j.K / kLanes * kLanes;
+  Vec peaks = zero();
+  for (int64_t k = 0; k < full; k += kLanes) peaks = max(abs(mul(load(x + k), load(j.keep + k))), peaks);
+  alignas(64) float lanes[kLanes];
+  store(lanes, peaks);
   float peak = 0.f;
-  for (int64_t k = 0; k < j.K; ++k) {
+  for (int i = 0; i < kLanes; ++i) peak = lanes[i] > peak ? lanes[i] : peak;  // a maximum: any order
+  for (int64_t k = full; k < j.K; ++k) {
     const float a = std::fabs(x[k] * j.keep[k]);
-    peak = a > peak ? a : peak;  // max: the same in any order
+    peak = a > peak ? a : peak;
   }
   const float scale = peak * kInv127;
   uint8_t* q = j.quantized + row * j.K;
-  for (int64_t k = 0; k < j.K; ++k) {
+  const Vec scales = broadcast(scale), low = broadcast(-128.f), high = broadcast(127.f);
+  for (int64_t k = 0; k < full; k += kLanes)
+    store_bytes(q + k, min(max(div(mul(load(x + k), load(j.keep + k)), scales), low), high));
+  for (int64_t k = full; k < j.K; ++k) {
     float v = x[k] * j.keep[k] / scale;
-    v = v > -128.f ? v : -128.f;  // MLAS's max_ps: a NaN (0 / 0: a row of zeros) gives -128
+    v = v > -128.f ? v : -128.f;
     v = v < 127.f ? v : 127.f;
     q[k] = static_cast<uint8_t>(static_cast<int32_t>(std::nearbyint(v)) + 128);
   }
@@ -81,8 +111,11 @@ struct Kernel {
     Job job{x.GetTensorData<float>(), keep.data(), channels,
             quantized.GetTensorMutableData<uint8_t>(), scale.GetTensorMutableData<float>(),
             picked.GetTensorMutableData<float>(), K, static_cast<int64_t>(n)};
-    if (rows == 1) return quantize_row(&job, 0);  // a decode step: no hand-off to the pool
-    if (rows > 0) ctx.ParallelFor(quantize_row, static_cast<size_t>(rows), 0, &job);
+    if (rows * K < kInline) {  // a decode step: no hand-off to the pool
+      for (int64_t row = 0; row < rows; ++row) quantize_row(&job, static_cast<size_t>(row));
+    } else {
+      ctx.ParallelFor(quantize_row, static_cast<size_t>(rows), 0, &job);
+    }
   }
 };
 

@@ -19,6 +19,11 @@ inline Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
 inline Vec broadcast(float x) { return _mm512_set1_ps(x); }
 inline void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+inline Vec mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+inline Vec div(Vec a, Vec b) { return _mm512_div_ps(a, b); }
+inline Vec max(Vec a, Vec b) { return _mm512_max_ps(a, b); }  // a NaN in a: b
+inline Vec min(Vec a, Vec b) { return _mm512_min_ps(a, b); }
+inline Vec abs(Vec a) { return _mm512_abs_ps(a); }
 #elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
 constexpr int kLanes = 8;
 using Vec = __m256;
@@ -31,6 +36,11 @@ inline Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
 inline Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
 inline Vec broadcast(float x) { return _mm256_set1_ps(x); }
 inline void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+inline Vec mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+inline Vec div(Vec a, Vec b) { return _mm256_div_ps(a, b); }
+inline Vec max(Vec a, Vec b) { return _mm256_max_ps(a, b); }  // a NaN in a: b
+inline Vec min(Vec a, Vec b) { return _mm256_min_ps(a, b); }
+inline Vec abs(Vec a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.f), a); }
 #else
 #error "nbresponses' operators need AVX2 with F16C and FMA, or AVX-512"
 #endif
