@@ -120,7 +120,7 @@ async def test_a_restarted_engine_keeps_its_responses(tiny_source, cache_dir, tm
 async def test_bundled_model_answers_sensibly(bundled_model, cache_dir) -> None:
     engine = await Engine.load(bundled_model.path, progress=False)
     try:
-        assert "q8" in repr(engine) and "top-1" in engine._repr_html_()
+        assert bundled_model.recipe in repr(engine) and "top-1" in engine._repr_html_()
         response = await engine.client().responses.create(
             input="Name three primary colors.",
             max_output_tokens=40,

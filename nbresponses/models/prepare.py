@@ -32,6 +32,7 @@ from nbresponses.models.export import (
 from nbresponses.models.fidelity import measure_fidelity
 from nbresponses.models.fused import UnsupportedArchitecture
 from nbresponses.models.gguf_once import parsed_once
+from nbresponses.models.kernels import KernelsUnavailable
 from nbresponses.models.prepared import PreparedModel
 from nbresponses.models.progress import Stages, quiet_library_bars
 from nbresponses.models.recipes import (
@@ -135,10 +136,12 @@ def prepare_model(
                     stages.extend(_stages(recipe, export_dir, weights))
                 try:
                     prepared = _prepare_recipe(source, export_dir, name, root, stages, weights)
-                except UnsupportedArchitecture:
+                except (UnsupportedArchitecture, KernelsUnavailable):
                     if recipe_name not in ALIASES:
                         raise
-                    continue  # a fused recipe on a model its builder does not cover: next one
+                    # a fused recipe on a model its builder does not cover, or our operators
+                    # failing to build here: the next one
+                    continue
                 if (
                     recipe_name != AUTO
                     or prepared.fidelity.get("top1_agreement", 1.0) >= FIDELITY_BAR

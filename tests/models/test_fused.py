@@ -305,6 +305,32 @@ def test_auto_falls_back_to_optimum_recipes(gelu_source, tmp_path, monkeypatch) 
     assert prepared.recipe == "fp32"
 
 
+def test_auto_puts_the_operators_recipe_first_only_where_it_can_build() -> None:
+    from nbresponses.models.recipes import auto_order
+
+    assert auto_order(vnni=True, operators=True)[:2] == ("fused-int8-kernel", "fused-q8")
+    for vnni, operators in ((True, False), (False, True), (False, False)):
+        assert auto_order(vnni, operators)[0] == "fused-q8"
+        assert not any(name.endswith("-kernel") for name in auto_order(vnni, operators))
+
+
+@pytest.mark.slow
+def test_auto_moves_on_when_our_operators_fail_to_build(tiny_source, tmp_path, monkeypatch):
+    """A compiler or headers that fail at build time (after ``buildable()`` said yes): ``auto``
+    prepares the next recipe; the explicit recipe says why it cannot."""
+    from nbresponses.models import kernels, prepare
+
+    def broken(*args, **kwargs):
+        raise kernels.KernelsUnavailable("building nbresponses' ONNX operators failed: test")
+
+    monkeypatch.setattr(kernels, "library", broken)
+    monkeypatch.setitem(prepare.ALIASES, "auto", ("fused-int8-kernel", "fp32"))
+    assert prepare_model(tiny_source, cache_dir=tmp_path, progress=False).recipe == "fp32"
+    assert not list((tmp_path / "models").glob("*-fused-int8-kernel-*"))
+    with pytest.raises(kernels.KernelsUnavailable, match="failed: test"):
+        prepare_model(tiny_source, "fused-int8-kernel", cache_dir=tmp_path, progress=False)
+
+
 @pytest.mark.slow
 def test_analysis_is_fp32_weights_in_the_fastest_graph(gelu_source, tiny_source, cache_dir):
     """One argument for logprobs close to fp32: the fused fp32 graph, or the Optimum fp32

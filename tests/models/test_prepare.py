@@ -296,7 +296,9 @@ def test_killed_prepare_leaves_nothing_half_written(tiny_source: Path, tmp_path:
 @pytest.mark.integration
 def test_bundled_model_default_recipe_meets_the_bar(bundled_model, cache_dir) -> None:
     assert bundled_model.manifest["source"]["kind"] == "bundled"
-    assert bundled_model.recipe == AUTO_ORDER[0]  # fused-q8 since the fused graph builder
+    # fused-int8-kernel where the CPU has VNNI and our operators build (make test installs
+    # what they need), else fused-q8
+    assert bundled_model.recipe == AUTO_ORDER[0]
     fid = bundled_model.fidelity
     assert fid["top1_agreement"] >= FIDELITY_BAR, fid
     assert fid["mean_kl"] < 0.05 and fid["tokens"] > 200

@@ -141,15 +141,31 @@ def _key(compiler: str, include: Path, flags: tuple[str, ...]) -> str:
     return digest.hexdigest()[:16]
 
 
-def library(
-    cache_dir: str | os.PathLike[str] | None = None, *, flags: tuple[str, ...] = ()
-) -> Path:
-    """The compiled operators for this machine: built once into the cache, then reused."""
+def _suited_cpu() -> list[str]:
+    """The flags the source needs that this CPU has; raises where they do not suffice."""
     cpu = [flag for flag in _cpu_flags() if flag in _NEEDED]
     if not ({"avx512f"} <= set(cpu) or {"avx2", "f16c", "fma"} <= set(cpu)):
         raise KernelsUnavailable(
             f"nbresponses' ONNX operators need AVX-512 or AVX2 with F16C and FMA (CPU: {cpu})"
         )
+    return cpu
+
+
+def buildable() -> bool:
+    """Whether the operators can be built here (a compiler, the headers, a suited CPU), without
+    building them: ``auto`` puts the recipes that use them first only where they can be."""
+    try:
+        _suited_cpu(), _compiler(), headers()
+    except KernelsUnavailable:
+        return False
+    return True
+
+
+def library(
+    cache_dir: str | os.PathLike[str] | None = None, *, flags: tuple[str, ...] = ()
+) -> Path:
+    """The compiled operators for this machine: built once into the cache, then reused."""
+    cpu = _suited_cpu()
     compiler, include = _compiler(), headers()
     folder = cache_root(cache_dir) / "kernels" / _key(compiler, include, flags)
 
