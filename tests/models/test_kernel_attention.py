@@ -173,3 +173,23 @@ def test_without_headers_the_operators_say_how_to_get_them(tmp_path, monkeypatch
     monkeypatch.setattr(kernels, "_SYSTEM_INCLUDES", ())
     with pytest.raises(kernels.KernelsUnavailable, match="make kernel-deps"):
         kernels.headers()
+
+
+@pytest.mark.slow
+def test_without_headers_a_library_built_here_still_loads(tmp_path, monkeypatch) -> None:
+    """An environment without the compiler or the headers (an engine-only venv sharing the
+    cache) loads the library this machine built for this source; nothing else: another source
+    (other sums) or none built is the error that says how to get the tools."""
+    import sys
+
+    built = kernels.library(tmp_path)
+    monkeypatch.setenv(kernels.INCLUDE_ENV, str(tmp_path / "none"))
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "none"))
+    monkeypatch.setattr(kernels, "_SYSTEM_INCLUDES", ())
+    assert kernels.library(tmp_path) == built
+    monkeypatch.setattr(kernels, "cache_root", lambda cache_dir=None: tmp_path)
+    assert kernels.buildable()
+    monkeypatch.setattr(kernels, "source_digest", lambda: "another")
+    assert not kernels.buildable()
+    with pytest.raises(kernels.KernelsUnavailable, match="make kernel-deps"):
+        kernels.library(tmp_path)

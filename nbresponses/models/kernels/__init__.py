@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import mmap
 import os
 import shutil
@@ -30,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from nbresponses.models.cache import build_once, cache_root, write_manifest
+from nbresponses.models.cache import MANIFEST, build_once, cache_root, write_manifest
 
 DOMAIN = "ai.nbresponses"
 INCLUDE_ENV = "NBRESPONSES_ORT_INCLUDE"
@@ -133,7 +134,7 @@ def _command(compiler: str, include: Path, output: Path, flags: tuple[str, ...])
 
 @functools.cache  # once a process: it runs the compiler and reads the headers and the CPU
 def _key(compiler: str, include: Path, flags: tuple[str, ...]) -> str:
-    digest = hashlib.sha256(source_digest().encode())
+    digest = hashlib.sha256(source_digest().encode() + b" manifest 2")  # 2: names the source
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     header = (include / "onnxruntime_c_api.h").read_bytes()
     for part in (version.encode(), header, " ".join([*_cpu_flags(), *flags]).encode()):
@@ -152,13 +153,32 @@ def _suited_cpu() -> list[str]:
 
 
 def buildable() -> bool:
-    """Whether the operators can be built here (a compiler, the headers, a suited CPU), without
-    building them: ``auto`` puts the recipes that use them first only where they can be."""
+    """Whether the operators can be had here without building them now: a suited CPU, and a
+    compiler with the headers, or a library this machine built already (``_built``). ``auto``
+    puts the recipes that use them first only where they can be."""
     try:
-        _suited_cpu(), _compiler(), headers()
+        _suited_cpu()
+        _compiler(), headers()
     except KernelsUnavailable:
-        return False
+        return _built() is not None
     return True
+
+
+def _built(cache_dir: str | os.PathLike[str] | None = None) -> Path | None:
+    """A library already built in the cache for this source and this CPU (all its flags), with
+    no extra flags: what an environment without a compiler or the headers loads (an engine-only
+    venv, a notebook server, sharing the cache of one that prepared the model). The same file
+    gives the same bits wherever it is loaded; only building needs the tools."""
+    want = {"source": source_digest(), "cpu": _cpu_flags(), "flags": []}
+    for manifest in sorted((cache_root(cache_dir) / "kernels").glob(f"*/{MANIFEST}")):
+        try:
+            made = json.loads(manifest.read_text())
+        except (OSError, ValueError):
+            continue
+        library = manifest.with_name(_LIBRARY)
+        if {key: made.get(key) for key in want} == want and library.is_file():
+            return library
+    return None
 
 
 def library(
@@ -166,7 +186,13 @@ def library(
 ) -> Path:
     """The compiled operators for this machine: built once into the cache, then reused."""
     cpu = _suited_cpu()
-    compiler, include = _compiler(), headers()
+    try:
+        compiler, include = _compiler(), headers()
+    except KernelsUnavailable:
+        built = None if flags else _built(cache_dir)
+        if built is None:
+            raise
+        return built
     folder = cache_root(cache_dir) / "kernels" / _key(compiler, include, flags)
 
     def build(tmp: Path) -> None:
@@ -177,6 +203,15 @@ def library(
                 f"building nbresponses' ONNX operators failed:\n{' '.join(command)}\n"
                 f"{done.stderr[-4000:]}"
             )
-        write_manifest(tmp, {"command": command, "cpu_flags": cpu})
+        write_manifest(
+            tmp,
+            {
+                "command": command,
+                "cpu_flags": cpu,
+                "source": source_digest(),
+                "cpu": _cpu_flags(),
+                "flags": list(flags),
+            },
+        )
 
     return build_once(folder, build) / _LIBRARY
