@@ -385,9 +385,10 @@ RECIPES: dict[str, Recipe] = {
 # fused-q8: the same weights as q8 in our fused graph, about 1.7-2x q8's batch-1 decode and 2.5x
 # at 16 concurrent; models the fused builder does not cover skip the fused recipes
 # (UnsupportedArchitecture) and get the Optimum recipes. Before it, where the CPU multiplies
-# int8 in one instruction (VNNI; AMX) and our operators can be built (a compiler and ONNX
-# Runtime's headers: `make kernel-deps`), fused-int8-kernel: on the bundled model as fast as
-# fused-q8 for one request, 1.6x for 16, 1.3-1.4x a prompt's prefill, and more faithful (top-1
+# int8 in one instruction (VNNI; AMX) and our operators can be had (a compiler and ONNX
+# Runtime's headers, `make kernel-deps`, or a library this machine built already),
+# fused-int8-kernel: on the bundled model as fast as
+# fused-q8 for one request, 1.4-1.6x for 16, 1.3-1.4x a prompt's prefill, more faithful (top-1
 # 97.1% / mean |dlogprob| 0.050 against 96.2% / 0.059; benchmarks/README.md, "The integer
 # products' quantizer in one node"). Elsewhere (Binder has no compiler headers; AVX2-only CPUs
 # get 7-bit integer weights) fused-q8 stays first.
