@@ -374,9 +374,8 @@ class _IntegerGraph(_NBitsGraph):
             rest = self.node(
                 "Mul", [x, self.weight(f"{name}.rest_mask", keep)], name=f"{name}/rest_channels"
             )[0]
-            picked = self.node("Gather", [x, channels], name=f"{name}/outliers_channels", axis=-1)[
-                0
-            ]
+            gathered = self.node("Gather", [x, channels], name=f"{name}/outliers_channels", axis=-1)
+            picked = gathered[0]
             quantized, row_scale = self._quantize_rows(rest, weight.shape[0], name=f"{name}_rest")
         rest_out = self._product(
             quantized, row_scale, rest_weight, name=f"{name}_rest", output=f"{name}_rest/out0"

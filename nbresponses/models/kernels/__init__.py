@@ -58,6 +58,7 @@ def uses_kernels(model_path: str | os.PathLike[str]) -> bool:
             return data.find(DOMAIN.encode()) >= 0
 
 
+@functools.cache  # the files do not change under a running process; read and hashed once
 def source_digest() -> str:
     """The operators' source, hashed: the kernel recipes' params hold it, so a changed operator
     (other sums, other bits) prepares their models again and measures their fidelity again."""
