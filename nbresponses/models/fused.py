@@ -275,6 +275,11 @@ class _IntegerGraph(_NBitsGraph):
     lose most on the MLP's down projections, and with those in blocks the recipe is as faithful
     as ``fused-q8`` (docs/concepts/models.md, "The integer recipe").
 
+    ``grouped``: the products (by the end of their name) computed by our ``GroupProduct``
+    operator instead (``quantizer="kernel"`` only): int8 weights and uint8 activations each with
+    a scale per ``group`` input channels, the outlier channels apart in fp32; as faithful as the
+    8-bit blocks on the down projections and a VNNI product where MatMulNBits is not.
+
     ``quantizer``: "ops" quantizes rows with standard operators (four nodes a product, six with
     outliers, plus the outliers' MatMul and Add); "kernel" with our ``QuantizeRows`` and
     ``OutlierProduct`` operators (``models/kernels``): one node each, the same bits (measured:
@@ -289,11 +294,18 @@ class _IntegerGraph(_NBitsGraph):
         outliers: int = 0,
         blocks: tuple[str, ...] = (),
         quantizer: str = "ops",
+        grouped: tuple[str, ...] = (),
+        group: int = 64,
     ) -> None:
         super().__init__(8, weights)
         if quantizer not in QUANTIZER_KINDS:
             raise ValueError(f"quantizer must be one of {QUANTIZER_KINDS}, got {quantizer!r}")
+        if grouped and quantizer != "kernel":
+            raise ValueError("grouped products are our GroupProduct operator: quantizer='kernel'")
+        if group <= 0 or group % 4:
+            raise ValueError(f"group must be a positive multiple of 4, got {group}")
         self.blocks = blocks
+        self.grouped, self.group = grouped, group
         self.quantizer = quantizer
         self.limit = float(2 ** (weight_bits - 1) - 1)
         self.outliers = outliers
@@ -355,12 +367,14 @@ class _IntegerGraph(_NBitsGraph):
         constant mask, and zero weight rows: the same integer sums as leaving them out) rather
         than a ``Gather`` of the channels kept, which copies the row element by element
         (measured: ~20% of a prefill)."""
-        if name.endswith(self.blocks):  # () matches nothing
-            return super().linear(x, weight, name=name)
+        if name.endswith(self.grouped) and weight.shape[0] % self.group == 0:
+            return self._group_product(x, weight, peaks, name=name)
+        if name.endswith(self.blocks + self.grouped):  # () matches nothing; a width the
+            return super().linear(x, weight, name=name)  # groups do not divide: 8-bit blocks
         if peaks is None or not 0 < self.outliers < weight.shape[0] // 2:
             quantized, row_scale = self._quantize_rows(x, weight.shape[0], name=name)
             return self._product(quantized, row_scale, weight, name=name, output=f"{name}/out0")
-        apart = np.sort(np.argsort(-np.asarray(peaks), kind="stable")[: self.outliers])
+        apart = self._apart(weight, peaks)
         rest_weight = np.array(weight, np.float32)  # one copy, its outlier rows zeroed
         rest_weight[apart] = 0
         channels = self.weight(f"{name}.outliers_channels", apart.astype(np.int64))
@@ -393,6 +407,53 @@ class _IntegerGraph(_NBitsGraph):
             "MatMul", [picked, outlier_weight], [f"{name}_outliers/out0"], name=f"{name}_outliers"
         )[0]
         return self.node("Add", [rest_out, outliers], [f"{name}/out0"], name=name)[0]
+
+    def _apart(self, weight: np.ndarray, peaks: np.ndarray | None) -> np.ndarray:
+        """The input channels kept apart in fp32: the ``outliers`` with the largest calibrated
+        peaks, in channel order (none without peaks or for too narrow an input)."""
+        if peaks is None or not 0 < self.outliers < weight.shape[0] // 2:
+            return np.zeros(0, np.int64)
+        return np.sort(np.argsort(-np.asarray(peaks), kind="stable")[: self.outliers])
+
+    def _group_product(
+        self, x: str, weight: np.ndarray, peaks: np.ndarray | None, *, name: str
+    ) -> str:
+        """``x @ weight`` as one ``GroupProduct`` node (``kernels/group_product.cc`` documents
+        its inputs): per ``group`` input channels and output column, a symmetric int8 scale
+        (the apart channels' rows zeroed: they multiply in fp32), and the weights plus 128
+        packed as vpdpbusd reads them, 16 columns by 4 channels a 64-byte run."""
+        k, n = weight.shape
+        apart = self._apart(weight, peaks)
+        padded = -(-n // 16) * 16
+        work = np.zeros((k, padded), np.float32)
+        work[:, :n] = weight
+        outlier_rows = work[apart].copy()
+        work[apart] = 0
+        grouped = work.reshape(k // self.group, self.group, padded)  # a view: work in place
+        scales = np.abs(grouped).max(axis=1) / np.float32(self.limit)
+        scales = np.where(scales > 0, scales, np.float32(1)).astype(np.float32)
+        np.divide(grouped, scales[:, None, :], out=grouped)
+        np.rint(grouped, out=grouped)
+        np.clip(grouped, -self.limit, self.limit, out=grouped)
+        work += 128  # the unsigned operand: int8 + 128
+        q = work.astype(np.uint8)
+        del work, grouped
+        packed = q.reshape(k // 4, 4, padded // 16, 16).transpose(2, 0, 3, 1)
+        return self.node(
+            "GroupProduct",
+            [
+                x,
+                self.weight(f"{name}.apart_channels", apart.astype(np.int64)),
+                self.weight(f"{name}.weight_groups", packed.reshape(padded // 16, k // 4, 64)),
+                self.weight(f"{name}.weight_group_scales", scales),
+                self.weight(f"{name}_outliers.weight", outlier_rows),
+            ],
+            [f"{name}/out0"],
+            name=name,
+            domain=DOMAIN,
+            group=self.group,
+            columns=n,
+        )[0]
 
     def _quantize_rows(self, x: str, width: int, *, name: str) -> tuple[str, str]:
         """(uint8 rows, their scales [..., 1]) of ``x`` (rows of ``width``): per row, scale =
@@ -847,6 +908,8 @@ def build_fused_model(
     tensors: Mapping[str, Any] | None = None,
     kv_dtype: str = "float32",
     quantizer: str = "ops",
+    grouped: tuple[str, ...] = (),
+    group: int = 64,
 ) -> Any:
     """The fused ``onnx.ModelProto`` of a ``…ForCausalLM`` PyTorch model of a family in
     ``architectures.ARCHITECTURES``; ``UnsupportedArchitecture`` for anything else. fp32, or
@@ -863,7 +926,8 @@ def build_fused_model(
     instead (``_IntegerGraph``: int8 weights per column, uint8 activations per row), with
     ``smoothing`` (``smoothing.py``) folded into the weights, and ``blocks`` (ends of product
     names) kept in 8-bit blocks instead; ``quantizer`` ("ops" or "kernel"): how those products
-    quantize their input rows (``_IntegerGraph``).
+    quantize their input rows (``_IntegerGraph``); ``grouped`` (ends of product names) computed
+    by our ``GroupProduct`` with a scale per ``group`` input channels (quantizer "kernel").
 
     ``tensors``: the weights by state-dict name when ``model`` is a skeleton without them
     (``streamed.py``: read one at a time, so the model is never whole in memory).
@@ -875,7 +939,13 @@ def build_fused_model(
     graph: _Graph
     if integer is not None:
         graph = _IntegerGraph(
-            weights, weight_bits=integer, outliers=outliers, blocks=blocks, quantizer=quantizer
+            weights,
+            weight_bits=integer,
+            outliers=outliers,
+            blocks=blocks,
+            quantizer=quantizer,
+            grouped=grouped,
+            group=group,
         )
     elif bits is not None:
         graph = _NBitsGraph(bits, weights)

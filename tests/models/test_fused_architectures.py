@@ -268,12 +268,13 @@ def test_long_rope_stops_at_the_original_context(arch) -> None:
         assert positions == config.max_position_embeddings
 
 
-def _integer_graph(model, tokenizer, quantizer: str = "ops"):
+def _integer_graph(model, tokenizer, quantizer: str = "ops", *, grouped: bool = False):
     """The ``fused-int8`` recipe's graph: smoothing calibrated on the model, outliers apart,
     the down projections in 8-bit blocks (``quantizer="kernel"``: ``fused-int8-kernel``'s
-    products)."""
+    row quantizer; ``grouped``: its down projections, our GroupProduct)."""
     from nbresponses.models.recipes import (
         INTEGER_BLOCKS,
+        INTEGER_GROUP,
         INTEGER_KV,
         INTEGER_OUTLIERS,
         INTEGER_WEIGHT_BITS,
@@ -285,7 +286,9 @@ def _integer_graph(model, tokenizer, quantizer: str = "ops"):
         integer=INTEGER_WEIGHT_BITS,
         smoothing=smoothing,
         outliers=INTEGER_OUTLIERS,
-        blocks=INTEGER_BLOCKS,
+        blocks=() if grouped else INTEGER_BLOCKS,
+        grouped=INTEGER_BLOCKS if grouped else (),
+        group=INTEGER_GROUP,
         kv_dtype=INTEGER_KV,
         quantizer=quantizer,
     )
@@ -332,6 +335,38 @@ def test_our_quantizer_gives_the_integer_graph_the_same_bits(arch, prompts, toke
             steps.append(out)
         logits.append(np.concatenate(steps))
     assert np.array_equal(logits[0], logits[1]), name
+
+
+def test_grouped_down_projections_keep_the_function_and_the_bits(arch, prompts, tokenizer) -> None:
+    """``fused-int8-kernel``'s down projections as our GroupProduct (a scale per 64 input
+    channels): one node a layer where the width divides (else 8-bit blocks), logits near the
+    fp32 graph's (as near as the 8-bit blocks'), and a prompt's prefill the very bits of the
+    same tokens as one-token steps."""
+    name, model, plain = arch
+    try:
+        kernels.library()
+    except kernels.KernelsUnavailable as error:
+        pytest.skip(str(error))
+    ours = _integer_graph(model, tokenizer, "kernel", grouped=True)
+    kinds = Counter(n.op_type for n in ours.graph.node)
+    layers = model.config.num_hidden_layers
+    divides = model.config.intermediate_size % 64 == 0
+    assert kinds["GroupProduct"] == (layers if divides else 0), name
+    tokens = [*max(prompts, key=len), 5, 9, 2]
+    whole, _ = _step(_session(ours), tokens, 0, _empty_past(_session(ours)))
+    session = _session(ours)
+    past = _empty_past(session)
+    steps = []
+    for i, token in enumerate(tokens):
+        out, past = _step(session, [token], i, past)
+        steps.append(out)
+    assert np.array_equal(np.concatenate(steps), whole), name
+    reference, _ = _step(_session(plain), tokens, 0, _empty_past(_session(plain)))
+    blocks, _ = _step(
+        _session(_integer_graph(model, tokenizer, "kernel")), tokens, 0, _empty_past(session)
+    )
+    ours_error = np.abs(whole - reference).mean()
+    assert ours_error <= 1.5 * np.abs(blocks - reference).mean() + 1e-6, name
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from helpers.operators import operator_session as _session
 from onnx import TensorProto, helper
 
 from nbresponses.models import kernels
@@ -27,22 +28,6 @@ def flags(request) -> tuple[str, ...]:
     except kernels.KernelsUnavailable as error:
         pytest.skip(str(error))
     return ISAS[request.param]
-
-
-def _session(nodes, inputs, outputs, initializers, flags=()):
-    import onnxruntime as ort
-
-    graph = helper.make_graph(nodes, "t", inputs, outputs, initializers)
-    model = helper.make_model(
-        graph,
-        opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(kernels.DOMAIN, 1)],
-    )
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    kernels.register(options, flags)
-    return ort.InferenceSession(
-        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
 
 
 def _value(name: str, dtype: int, shape: list) -> onnx.ValueInfoProto:

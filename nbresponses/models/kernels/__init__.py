@@ -15,7 +15,10 @@ Operators (``register.cc`` adds them to the domain):
   (``attention.attention(kernel=True)`` puts it in a graph);
 - ``QuantizeRows`` (``quantize_rows.cc``) and ``OutlierProduct`` (``outlier_product.cc``): the
   integer products' row quantization and outlier channels, one node each
-  (``fused._IntegerGraph(quantizer="kernel")``).
+  (``fused._IntegerGraph(quantizer="kernel")``);
+- ``GroupProduct`` (``group_product.cc``): an integer product with a scale per group of input
+  channels, weights and rows alike, in VNNI's vpdpbusd (``fused._IntegerGraph(grouped=...)``:
+  ``fused-int8-kernel``'s down projections).
 """
 
 from __future__ import annotations
@@ -35,7 +38,13 @@ from nbresponses.models.cache import MANIFEST, build_once, cache_root, write_man
 
 DOMAIN = "ai.nbresponses"
 INCLUDE_ENV = "NBRESPONSES_ORT_INCLUDE"
-_SOURCES = ("kv_attention.cc", "quantize_rows.cc", "outlier_product.cc", "register.cc")
+_SOURCES = (
+    "kv_attention.cc",
+    "quantize_rows.cc",
+    "outlier_product.cc",
+    "group_product.cc",
+    "register.cc",
+)
 _HEADERS = ("simd.h",)  # included by the sources: part of their digest
 _LIBRARY = "libnbresponses_kernels.so"
 _HEADER = "onnxruntime_cxx_api.h"

@@ -39,19 +39,6 @@ struct Job {
   int64_t K, n;
 };
 
-// kLanes lanes' quantized values (already in [-128, 127], rounded to integers as floats) plus
-// the zero point, stored as kLanes bytes
-inline void store_bytes(uint8_t* q, Vec v) {
-#if defined(__AVX512F__)
-  const __m512i x = _mm512_add_epi32(_mm512_cvtps_epi32(v), _mm512_set1_epi32(128));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(x));
-#else
-  const __m256i x = _mm256_add_epi32(_mm256_cvtps_epi32(v), _mm256_set1_epi32(128));
-  const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
-  _mm_storel_epi64(reinterpret_cast<__m128i*>(q), _mm_packus_epi16(words, words));
-#endif
-}
-
 // One row, in vectors and a scalar tail that compute each element alike: x * keep, divided by
 // the scale, clamped (max first: a NaN, 0 / 0 of a row of zeros, gives -128 as in MLAS),
 // rounded half to even (the default rounding mode, as MLAS's conversion), plus 128.

@@ -6,6 +6,7 @@
 const OrtCustomOp* KVAttentionOp();
 const OrtCustomOp* QuantizeRowsOp();
 const OrtCustomOp* OutlierProductOp();
+const OrtCustomOp* GroupProductOp();
 
 extern "C" OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* base) {
   // the API of the headers it was built with; ONNX Runtime serves older versions (pyproject
@@ -14,7 +15,7 @@ extern "C" OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options,
   Ort::InitApi(api);
   OrtCustomOpDomain* domain = nullptr;
   if (OrtStatus* status = api->CreateCustomOpDomain("ai.nbresponses", &domain)) return status;
-  for (const OrtCustomOp* op : {KVAttentionOp(), QuantizeRowsOp(), OutlierProductOp()})
+  for (const OrtCustomOp* op : {KVAttentionOp(), QuantizeRowsOp(), OutlierProductOp(), GroupProductOp()})
     if (OrtStatus* status = api->CustomOpDomain_Add(domain, op)) return status;
   return api->AddCustomOpDomain(options, domain);
 }

@@ -1,0 +1,311 @@
+// GroupProduct (domain ai.nbresponses): x @ W with int8 weights and uint8 activations, each
+// with one scale per group of input channels, and the few channels kept apart in fp32.
+//
+// Why: the integer recipe's one scale a row and a column loses most on the MLP's down
+// projections, so they were kept in fused-q8's 8-bit blocks of 32 (MatMulNBits, accuracy level
+// 4), the largest item of a prefill: 82 of 363 ms on the bundled model, ~0.24 int8 TOPS where
+// the other products' u8 x s8 GEMM runs ~0.7. Groups as ONNX operators (a Split, a quantizer
+// and a product per group, then the sums) were as faithful but one-row steps 34% slower
+// (benchmarks/README.md). Here: one node, the groups' sums in VNNI's vpdpbusd, each group's
+// scale applied once per group, not per product.
+//
+// Exactness: a row's quantization reads that row only; each group's sum of products is exact
+// in int32; each output element is one fixed chain, out = fma(float(sum_g), s_g * w_g, out) for
+// g = 0, 1, ... (s_g: the row's scale of group g, w_g: the column's), then the apart channels
+// as OutlierProduct adds them (acc = fma(picked[k], w[k], acc), then out + acc). The VNNI code
+// and the plain loop (builds without it) compute the same bits, for any rows and threads.
+//
+// Inputs: x [..., K] float; apart [n] int64 (channels multiplied in fp32, left out of the
+// groups' scales); weight uint8 [N16 / 16, K / 4, 64]: the int8 weights plus 128 (vpdpbusd's
+// unsigned operand; the rows' int8 values are its signed one, so the zero point's share, 128
+// times the sum of a row's group, is the row's to subtract, not a column's), N16: N rounded up
+// to 16, the padding 128 (zero); each 64 bytes: 4 channels of 16 columns, a column's 4
+// together; scales float [K / group, N16]; apart_weight float [n, N16]. Attributes: group (a
+// multiple of 4 dividing K), columns (N). Output [..., N] float.
+#define ORT_API_MANUAL_INIT
+#include <onnxruntime_cxx_api.h>
+
+#include "simd.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+using namespace nbr;
+
+constexpr float kInv127 = static_cast<float>(1.0 / 127.0);
+constexpr int64_t kInline = 1 << 16;  // products below which one thread does them all
+constexpr int64_t kRowBlock = 48;     // rows a work item takes (a prompt's run: balance)
+constexpr int64_t kColumnBlock = 64;  // columns a work item takes (its weights stay in L2)
+
+struct Job {
+  const float* x;
+  const int64_t* apart;
+  const float* keep;  // 1 or 0 per channel
+  const uint8_t* weight;
+  const float* scales;
+  const float* apart_weight;
+  int8_t* q;          // [rows, K]
+  float* row_scale;   // [rows, groups]
+  int32_t* shares;    // [rows, groups]: 128 times the sum of the group's int8 values
+  float* picked;   // [rows, n]
+  float* out;
+  int64_t rows, K, N, N16, n, group, groups, row_blocks, column_blocks;
+};
+
+// One row: per group, scale = max |x| over the group's channels not apart times 1/127, and
+// int8 = round(x / scale) (half to even) clamped to [-127, 127]; a group of zeros gets scale 0
+// and zeros. Vectors and the scalar tail compute each element alike.
+void quantize_row(void* data, size_t index) {
+  const auto& j = *static_cast<const Job*>(data);
+  const int64_t row = static_cast<int64_t>(index);
+  const float* x = j.x + row * j.K;
+  int8_t* q = j.q + row * j.K;
+  for (int64_t g = 0; g < j.groups; ++g) {
+    const int64_t begin = g * j.group, end = begin + j.group;
+    const int64_t full = begin + j.group / kLanes * kLanes;
+    Vec peaks = zero();
+    for (int64_t k = begin; k < full; k += kLanes)
+      peaks = max(abs(mul(load(x + k), load(j.keep + k))), peaks);  // a NaN: skipped
+    alignas(64) float lanes[kLanes];
+    store(lanes, peaks);
+    float peak = 0.f;
+    for (int i = 0; i < kLanes; ++i) peak = lanes[i] > peak ? lanes[i] : peak;  // any order
+    for (int64_t k = full; k < end; ++k) {
+      const float a = std::fabs(x[k] * j.keep[k]);
+      peak = a > peak ? a : peak;
+    }
+    const float scale = peak * kInv127;
+    j.row_scale[row * j.groups + g] = scale;
+    if (!(scale > 0.f)) {
+      std::memset(q + begin, 0, static_cast<size_t>(j.group));
+      j.shares[row * j.groups + g] = 0;
+      continue;
+    }
+    const Vec scales = broadcast(scale), low = broadcast(-127.f), high = broadcast(127.f);
+    Vec sums = zero();  // integers far below 2^24: exact as floats, in any order
+    for (int64_t k = begin; k < full; k += kLanes) {
+      const Vec v = round(min(max(div(mul(load(x + k), load(j.keep + k)), scales), low), high));
+      store_signed_bytes(q + k, v);
+      sums = add(sums, v);
+    }
+    store(lanes, sums);
+    int32_t sum = 0;
+    for (int i = 0; i < kLanes; ++i) sum += static_cast<int32_t>(lanes[i]);
+    for (int64_t k = full; k < end; ++k) {
+      float v = x[k] * j.keep[k] / scale;
+      v = v > -127.f ? v : -127.f;
+      v = v < 127.f ? v : 127.f;
+      q[k] = static_cast<int8_t>(std::nearbyint(v));
+      sum += q[k];
+    }
+    j.shares[row * j.groups + g] = 128 * sum;
+  }
+  for (int64_t i = 0; i < j.n; ++i) j.picked[row * j.n + i] = x[j.apart[i]];
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+// R rows x C vectors of 16 columns starting at row r0 and column vector v0: the groups' int32
+// sums and the fp32 outputs in registers, each group's scaled sum added as the group ends.
+template <int R, int C>
+void tile(const Job& j, int64_t r0, int64_t v0) {
+  const int64_t quads = j.K / 4, group_quads = j.group / 4;
+  __m512 out[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) out[r][c] = _mm512_setzero_ps();
+  const int8_t* x[R];
+  for (int r = 0; r < R; ++r) x[r] = j.q + (r0 + r) * j.K;
+  for (int64_t g = 0; g < j.groups; ++g) {
+    __m512i acc[R][C];
+    for (int r = 0; r < R; ++r) {  // start from minus the zero point's share
+      const __m512i start = _mm512_set1_epi32(-j.shares[(r0 + r) * j.groups + g]);
+      for (int c = 0; c < C; ++c) acc[r][c] = start;
+    }
+    const uint8_t* w[C];
+    for (int c = 0; c < C; ++c) w[c] = j.weight + ((v0 + c) * quads + g * group_quads) * 64;
+    for (int64_t t = 0; t < group_quads; ++t) {
+      __m512i wv[C];
+      for (int c = 0; c < C; ++c) wv[c] = _mm512_loadu_si512(w[c] + t * 64);
+      for (int r = 0; r < R; ++r) {
+        int32_t four;
+        std::memcpy(&four, x[r] + g * j.group + t * 4, 4);
+        const __m512i xb = _mm512_set1_epi32(four);
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], wv[c], xb);
+      }
+    }
+    for (int c = 0; c < C; ++c) {
+      const __m512 ws = _mm512_loadu_ps(j.scales + g * j.N16 + (v0 + c) * 16);
+      for (int r = 0; r < R; ++r) {
+        const __m512 s = _mm512_mul_ps(_mm512_set1_ps(j.row_scale[(r0 + r) * j.groups + g]), ws);
+        out[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][c]), s, out[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const float* p = j.picked + (r0 + r) * j.n;
+    for (int c = 0; c < C; ++c) {
+      __m512 a = _mm512_setzero_ps();
+      for (int64_t k = 0; k < j.n; ++k)
+        a = _mm512_fmadd_ps(_mm512_set1_ps(p[k]),
+                            _mm512_loadu_ps(j.apart_weight + k * j.N16 + (v0 + c) * 16), a);
+      const __m512 o = _mm512_add_ps(out[r][c], a);
+      const int64_t column = (v0 + c) * 16;
+      float* dst = j.out + (r0 + r) * j.N + column;
+      if (column + 16 <= j.N) {
+        _mm512_storeu_ps(dst, o);
+      } else {
+        _mm512_mask_storeu_ps(dst, static_cast<__mmask16>((1u << (j.N - column)) - 1), o);
+      }
+    }
+  }
+}
+
+template <int C>
+void rows_tile(const Job& j, int64_t r0, int64_t count, int64_t v0) {
+  switch (count) {
+    case 1: tile<1, C>(j, r0, v0); break;
+    case 2: tile<2, C>(j, r0, v0); break;
+    case 3: tile<3, C>(j, r0, v0); break;
+    case 4: tile<4, C>(j, r0, v0); break;
+    case 5: tile<5, C>(j, r0, v0); break;
+    default: tile<6, C>(j, r0, v0);
+  }
+}
+
+// One block of rows and columns: six rows by two column vectors at a time (one or two rows:
+// four vectors, independent sums in flight while the weights stream).
+void product(void* data, size_t index) {
+  const auto& j = *static_cast<const Job*>(data);
+  const int64_t rb = static_cast<int64_t>(index) / j.column_blocks;
+  const int64_t cb = static_cast<int64_t>(index) % j.column_blocks;
+  const int64_t row_end = std::min(j.rows, (rb + 1) * kRowBlock);
+  const int64_t v_begin = cb * (kColumnBlock / 16);
+  const int64_t v_end = std::min(j.N16 / 16, v_begin + kColumnBlock / 16);
+  for (int64_t r0 = rb * kRowBlock; r0 < row_end; r0 += 6) {
+    const int64_t count = std::min<int64_t>(6, row_end - r0);
+    int64_t v = v_begin;
+    if (count <= 2)
+      for (; v + 4 <= v_end; v += 4) (count == 1 ? tile<1, 4>(j, r0, v) : tile<2, 4>(j, r0, v));
+    for (; v + 2 <= v_end; v += 2) rows_tile<2>(j, r0, count, v);
+    for (; v < v_end; ++v) rows_tile<1>(j, r0, count, v);
+  }
+}
+#else
+// Without VNNI: the same sums (exact integers) and the same chain of fp32 operations per
+// element, one column at a time.
+void product(void* data, size_t index) {
+  const auto& j = *static_cast<const Job*>(data);
+  const int64_t rb = static_cast<int64_t>(index) / j.column_blocks;
+  const int64_t cb = static_cast<int64_t>(index) % j.column_blocks;
+  const int64_t quads = j.K / 4;
+  const int64_t column_end = std::min(j.N, (cb + 1) * kColumnBlock);
+  for (int64_t row = rb * kRowBlock; row < std::min(j.rows, (rb + 1) * kRowBlock); ++row) {
+    const int8_t* x = j.q + row * j.K;
+    for (int64_t column = cb * kColumnBlock; column < column_end; ++column) {
+      const uint8_t* w = j.weight + (column / 16) * quads * 64 + (column % 16) * 4;
+      float out = 0.f;
+      for (int64_t g = 0; g < j.groups; ++g) {
+        int32_t sum = 0;
+        for (int64_t k = g * j.group; k < (g + 1) * j.group; ++k)
+          sum += x[k] * (static_cast<int32_t>(w[(k / 4) * 64 + k % 4]) - 128);
+        const float s = j.row_scale[row * j.groups + g] * j.scales[g * j.N16 + column];
+        out = std::fma(static_cast<float>(sum), s, out);
+      }
+      float acc = 0.f;
+      for (int64_t k = 0; k < j.n; ++k)
+        acc = std::fma(j.picked[row * j.n + k], j.apart_weight[k * j.N16 + column], acc);
+      j.out[row * j.N + column] = out + acc;
+    }
+  }
+}
+#endif
+
+struct Kernel {
+  int64_t group, columns;
+
+  Kernel(const OrtApi&, const OrtKernelInfo* info) {
+    Ort::ConstKernelInfo i(info);
+    group = i.GetAttribute<int64_t>("group");
+    columns = i.GetAttribute<int64_t>("columns");
+  }
+
+  void Compute(OrtKernelContext* context) {
+    Ort::KernelContext ctx(context);
+    const auto x = ctx.GetInput(0), apart = ctx.GetInput(1), weight = ctx.GetInput(2);
+    const auto scales = ctx.GetInput(3), apart_weight = ctx.GetInput(4);
+    auto shape = x.GetTensorTypeAndShapeInfo().GetShape();
+    const int64_t n = static_cast<int64_t>(apart.GetTensorTypeAndShapeInfo().GetElementCount());
+    const auto ws = weight.GetTensorTypeAndShapeInfo().GetShape();
+    const auto ss = scales.GetTensorTypeAndShapeInfo().GetShape();
+    const auto as = apart_weight.GetTensorTypeAndShapeInfo().GetShape();
+    const int64_t K = shape.empty() ? 0 : shape.back(), N16 = (columns + 15) / 16 * 16;
+    if (shape.empty() || group <= 0 || group % 4 != 0 || K % group != 0 || ws.size() != 3 ||
+        ws[0] != N16 / 16 || ws[1] != K / 4 || ws[2] != 64 || ss.size() != 2 ||
+        ss[0] != K / group || ss[1] != N16 || as.size() != 2 || as[0] != n ||
+        as[1] != N16)
+      ORT_CXX_API_THROW("GroupProduct: x [..., K] with K a multiple of group (a multiple of 4), "
+                        "weight [N16 / 16, K / 4, 64], scales [K / group, N16], "
+                        "apart_weight [n, N16] (N16: columns rounded up to 16)",
+                        ORT_INVALID_ARGUMENT);
+    const int64_t* channels = apart.GetTensorData<int64_t>();
+    std::vector<float> keep(static_cast<size_t>(K), 1.f);
+    for (int64_t i = 0; i < n; ++i) {
+      if (channels[i] < 0 || channels[i] >= K)
+        ORT_CXX_API_THROW("GroupProduct: apart holds a channel outside x's last axis",
+                          ORT_INVALID_ARGUMENT);
+      keep[static_cast<size_t>(channels[i])] = 0.f;
+    }
+    const int64_t rows = K ? static_cast<int64_t>(x.GetTensorTypeAndShapeInfo().GetElementCount()) / K : 0;
+    shape.back() = columns;
+    auto out = ctx.GetOutput(0, shape);
+    if (rows == 0) return;
+    std::vector<int8_t> q(static_cast<size_t>(rows * K));
+    std::vector<float> row_scale(static_cast<size_t>(rows * (K / group)));
+    std::vector<int32_t> shares(static_cast<size_t>(rows * (K / group)));
+    std::vector<float> picked(static_cast<size_t>(rows * n));
+    Job j{x.GetTensorData<float>(), channels, keep.data(), weight.GetTensorData<uint8_t>(),
+          scales.GetTensorData<float>(), apart_weight.GetTensorData<float>(), q.data(),
+          row_scale.data(), shares.data(), picked.data(),
+          out.GetTensorMutableData<float>(), rows, K, columns, N16, n, group, K / group,
+          (rows + kRowBlock - 1) / kRowBlock, (columns + kColumnBlock - 1) / kColumnBlock};
+    const int64_t items = j.row_blocks * j.column_blocks;
+    if (rows * K < kInline) {
+      for (int64_t row = 0; row < rows; ++row) quantize_row(&j, static_cast<size_t>(row));
+    } else {
+      ctx.ParallelFor(quantize_row, static_cast<size_t>(rows), 0, &j);
+    }
+    if (rows * K * columns < kInline) {
+      for (int64_t i = 0; i < items; ++i) product(&j, static_cast<size_t>(i));
+    } else {
+      ctx.ParallelFor(product, static_cast<size_t>(items), 0, &j);
+    }
+  }
+};
+
+struct Op : Ort::CustomOpBase<Op, Kernel> {
+  void* CreateKernel(const OrtApi& api, const OrtKernelInfo* info) const { return new Kernel(api, info); }
+  const char* GetName() const { return "GroupProduct"; }
+  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
+  size_t GetInputTypeCount() const { return 5; }
+  ONNXTensorElementDataType GetInputType(size_t i) const {
+    switch (i) {
+      case 1: return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
+      case 2: return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
+      default: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    }
+  }
+  size_t GetOutputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+};
+
+}  // namespace
+
+// the operator, for register.cc
+const OrtCustomOp* GroupProductOp() {
+  static const Op op;
+  return &op;
+}

@@ -1,0 +1,160 @@
+"""Our ``GroupProduct`` operator (``nbresponses.models.kernels``), what
+``fused._IntegerGraph(grouped=...)`` puts in a graph for the down projections.
+
+It promises: the product of the group-quantized rows and weights (checked against an
+independent float64 computation of the same quantization, and loosely against the plain fp32
+product), each row's output its own fixed chain (bit for bit alone and batched, at any number of
+rows), and the same bits from the VNNI code and the plain loop (the AVX2 build).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers.operators import operator_session
+from onnx import TensorProto, helper
+
+from nbresponses.models import fused, kernels
+
+ISAS = {"native": (), "avx2": ("-mno-avx512f",)}
+
+
+def _library(flags: tuple[str, ...]) -> None:
+    try:
+        kernels.library(flags=flags)
+    except kernels.KernelsUnavailable as error:
+        pytest.skip(str(error))
+
+
+def _session(weight: np.ndarray, peaks: np.ndarray | None, group: int, flags=(), outliers=16):
+    """A graph of one grouped product, built by the fused builder itself."""
+    g = fused._IntegerGraph(outliers=outliers, quantizer="kernel", grouped=("/down",), group=group)
+    out = g.linear("x", weight, name="layers.0/down", peaks=peaks)
+    assert [node.op_type for node in g.nodes] == ["GroupProduct"]
+    return operator_session(
+        g.nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", "k"])],
+        [helper.make_tensor_value_info(out, TensorProto.FLOAT, ["b", "s", weight.shape[1]])],
+        g.initializers,
+        flags,
+    )
+
+
+def _reference(x: np.ndarray, weight: np.ndarray, apart: np.ndarray, group: int) -> np.ndarray:
+    """The operator's arithmetic written out independently in numpy: symmetric int8 weights
+    per group and column, uint8 rows per group (x / scale rounded half to even), integer sums,
+    the scales applied in float64, the apart channels in float64."""
+    k, n = weight.shape
+    rest = weight.astype(np.float64).copy()
+    rest[apart] = 0
+    w_groups = rest.reshape(k // group, group, n)
+    w_scale = (np.abs(w_groups).max(axis=1) / 127).astype(np.float32)
+    w_scale[w_scale == 0] = 1
+    w_int = np.clip(np.rint(w_groups.astype(np.float32) / w_scale[:, None, :]), -127, 127)
+    rows = x.reshape(-1, k).copy()
+    picked = rows[:, apart].astype(np.float64)
+    rows[:, apart] = 0
+    x_groups = rows.reshape(len(rows), k // group, group)
+    x_scale = np.abs(x_groups).max(axis=2) * np.float32(1 / 127)  # fp32, as the operator
+    with np.errstate(divide="ignore", invalid="ignore"):
+        x_int = np.clip(np.rint(x_groups / x_scale[:, :, None]), -127, 127)
+    x_int[x_scale == 0] = 0
+    sums = np.einsum("rgk,gkn->rgn", x_int.astype(np.int64), w_int.astype(np.int64))
+    scaled = sums * (x_scale[:, :, None].astype(np.float64) * w_scale[None].astype(np.float64))
+    out = scaled.sum(axis=1) + picked @ weight[apart].astype(np.float64)
+    return out.reshape(*x.shape[:-1], n)
+
+
+def _case(k: int, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    weight = (rng.standard_normal((k, n)) * 0.05).astype(np.float32)
+    weight[3] *= 20  # a large weight row: its groups' scales, not the others'
+    peaks = rng.random(k).astype(np.float32)
+    return weight, peaks
+
+
+def _rows(k: int, apart: np.ndarray, shape=(3, 7), seed: int = 1) -> np.ndarray:
+    """Rows as a down projection's input: mostly small, a few huge channels (kept apart or
+    not), a group of zeros, exact halves of a quantization step, a row of zeros."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((*shape, k)).astype(np.float32)
+    x[0, 1] *= 40
+    x[1, 2, apart] = 300.0
+    x[1, 3, 5] = -500.0
+    x[2, 0] = 0.0
+    x[2, 1, :32] = 0.0
+    x[2, 2, :8] = [127, 0.5, 1.5, 2.5, -0.5, -1.5, 126.5, -127]
+    return x
+
+
+SHAPES = [(1536, 576, 64), (1536, 576, 32), (128, 37, 32), (256, 100, 128)]
+
+
+@pytest.mark.parametrize("k,n,group", SHAPES)
+@pytest.mark.parametrize("isa", list(ISAS))
+def test_the_product_of_the_groups_as_numpy_computes_it(k, n, group, isa) -> None:
+    _library(ISAS[isa])
+    weight, peaks = _case(k, n)
+    apart = np.sort(np.argsort(-peaks, kind="stable")[:16])
+    x = _rows(k, apart)
+    got = _session(weight, peaks, group, ISAS[isa]).run(None, {"x": x})[0]
+    want = _reference(x, weight, apart, group)
+    # fp32 rounding of a chain of K / group terms: relative to the terms' magnitude
+    magnitude = np.abs(x).reshape(-1, k) @ np.abs(weight).astype(np.float64)
+    assert np.all(np.abs(got - want) <= 1e-5 * magnitude.reshape(got.shape) + 1e-30)
+    # and on plain rows it is the product it stands for, within 8-bit quantization (the large
+    # weight row coarsens its groups)
+    smooth = np.random.default_rng(9).standard_normal((2, 5, k)).astype(np.float32)
+    got = _session(weight, peaks, group, ISAS[isa]).run(None, {"x": smooth})[0]
+    exact = smooth.astype(np.float64) @ weight.astype(np.float64)
+    assert np.abs(got - exact).max() <= 0.05 * np.abs(exact).max()  # a wrong layout: ~100%
+
+
+@pytest.mark.parametrize("k,n,group", SHAPES[:1] + SHAPES[2:3])
+def test_a_row_is_the_same_bits_alone_batched_and_without_vnni(k, n, group) -> None:
+    _library(ISAS["avx2"])
+    weight, peaks = _case(k, n, seed=2)
+    apart = np.sort(np.argsort(-peaks, kind="stable")[:16])
+    # over two blocks of rows, in the thread pool
+    x = _rows(k, apart, shape=(3, 130), seed=3).reshape(1, 390, k)
+    native = _session(weight, peaks, group)
+    whole = native.run(None, {"x": x})[0]
+    for start, stop in ((0, 1), (5, 6), (64, 70), (261, 262), (0, 48), (40, 110), (260, 390)):
+        part = native.run(None, {"x": x[:, start:stop]})[0]
+        assert np.array_equal(part, whole[:, start:stop])
+    plain = _session(weight, peaks, group, ISAS["avx2"]).run(None, {"x": x})[0]
+    assert np.array_equal(plain, whole)
+
+
+def test_without_outliers_and_without_peaks() -> None:
+    _library(())
+    weight, _ = _case(256, 48, seed=4)
+    x = _rows(256, np.zeros(0, np.int64), shape=(3, 5), seed=5)
+    got = _session(weight, None, 64).run(None, {"x": x})[0]
+    want = _reference(x, weight, np.zeros(0, np.int64), 64)
+    magnitude = np.abs(x).reshape(-1, 256) @ np.abs(weight).astype(np.float64)
+    assert np.all(np.abs(got - want) <= 1e-5 * magnitude.reshape(got.shape))
+
+
+def test_bad_inputs_are_refused_with_the_operators_message() -> None:
+    import onnxruntime as ort
+
+    _library(())
+    weight, peaks = _case(128, 32)
+    session = _session(weight, peaks, 32)
+    with pytest.raises(ort.capi.onnxruntime_pybind11_state.RuntimeException, match="K a multiple"):
+        session.run(None, {"x": np.zeros((1, 2, 96), np.float32)})
+
+
+def test_the_builder_refuses_groups_without_the_kernel_quantizer() -> None:
+    with pytest.raises(ValueError, match="quantizer='kernel'"):
+        fused._IntegerGraph(grouped=("/down",))
+    with pytest.raises(ValueError, match="multiple of 4"):
+        fused._IntegerGraph(quantizer="kernel", grouped=("/down",), group=30)
+
+
+def test_a_width_the_groups_do_not_divide_stays_in_8_bit_blocks() -> None:
+    g = fused._IntegerGraph(outliers=16, quantizer="kernel", grouped=("/down",), group=64)
+    weight, peaks = _case(96, 32)
+    g.linear("x", weight, name="layers.0/down", peaks=peaks)
+    assert [node.op_type for node in g.nodes] == ["MatMulNBits"]
