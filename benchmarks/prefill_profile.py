@@ -35,7 +35,13 @@ from nbresponses.runtime import runner as runner_module
 from nbresponses.runtime.runner import OnnxRunner
 from nbresponses.runtime.scheduler import SCORE_CHUNK, prefill_runs
 
-PRODUCT_OPS = {"MatMulNBits", "MatMulIntegerToFloat", "MatMulInteger", "DynamicQuantizeMatMul"}
+PRODUCT_OPS = {
+    "MatMulNBits",
+    "MatMulIntegerToFloat",
+    "MatMulInteger",
+    "DynamicQuantizeMatMul",
+    "GroupProduct",
+}
 LINEARS = ("/qkv", "/o", "/gate_up", "/down")
 
 

@@ -446,7 +446,10 @@ class _IntegerGraph(_NBitsGraph):
                 self.weight(f"{name}.apart_channels", apart.astype(np.int64)),
                 self.weight(f"{name}.weight_groups", packed.reshape(padded // 16, k // 4, 64)),
                 self.weight(f"{name}.weight_group_scales", scales),
-                self.weight(f"{name}_outliers.weight", outlier_rows),
+                self.weight(
+                    f"{name}_outliers.weight",
+                    outlier_rows.reshape(len(apart), padded // 16, 16).transpose(1, 0, 2),
+                ),
             ],
             [f"{name}/out0"],
             name=name,

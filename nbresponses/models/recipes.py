@@ -207,9 +207,9 @@ def fused_integer(attention: str = "ops", quantizer: str = "ops") -> Callable[[A
             weights=weights,
             smoothing=Smoothing(peaks),
             outliers=INTEGER_OUTLIERS,
-            # our GroupProduct computes the down projections where the operators are used
+            # where our operators are used, GroupProduct computes every product
             blocks=() if quantizer == "kernel" else INTEGER_BLOCKS,
-            grouped=INTEGER_BLOCKS if quantizer == "kernel" else (),
+            grouped=INTEGER_GROUPED if quantizer == "kernel" else (),
             group=INTEGER_GROUP,
             tensors=source.tensors,
             kv_dtype=INTEGER_KV,
@@ -251,11 +251,14 @@ INTEGER_OUTLIERS = 16
 # (bundled model: top-1 95.7% -> 96.4%, mean |dlogprob| 0.082 -> 0.059, before the outlier
 # channels went to fp32; fused._IntegerGraph)
 INTEGER_BLOCKS = ("/down",)
-# fused-int8-kernel computes those as integer products scaled per group of input channels
-# (fused._IntegerGraph, ``grouped``; our GroupProduct operator). Bundled model, measured with
-# standard operators per group: 12 groups of 128: top-1 97.2% / 0.054, 24 of 64: 97.5% / 0.050
-# (8-bit blocks: 97.1% / 0.050)
+# fused-int8-kernel computes every product as an integer product scaled per group of input
+# channels, weights and rows alike (fused._IntegerGraph, ``grouped``; our GroupProduct
+# operator). Bundled model: the down projections alone, as standard operators per group, 12
+# groups of 128: top-1 97.2% / 0.054, 24 of 64: 97.5% / 0.050 (8-bit blocks: 97.1% / 0.050);
+# GroupProduct for every product, 64 channels a group: 97.3% / 0.040 (16 outlier channels
+# apart; 8: 97.6% / 0.045, 0: 96.4% / 0.057)
 INTEGER_GROUP = 64
+INTEGER_GROUPED = ("/qkv", "/o", "/gate_up", "/down", "lm_head")
 # fused-int8's KV buffers: fp16 halves what attention reads a step and a row's memory (bundled
 # model, graph_ab, 250 keys: 16-row step -17%, one-row step +3-5% for the casts) at no
 # measurable cost in fidelity (97.7% / 0.049 -> 97.6% / 0.050); fused-q8 keeps fp32 (its top-1
@@ -376,15 +379,18 @@ RECIPES: dict[str, Recipe] = {
         Recipe(
             "fused-int8-kernel",
             "fused-int8 with its attention computed by our KVAttention operator (as "
-            "fused-q8-kernel), reading the fp16 KV as stored, its rows quantized by ours, and "
-            "the down projections integer products scaled per 64 input channels (our "
-            "GroupProduct, VNNI) instead of 8-bit blocks; " + _FAMILIES,
+            "fused-q8-kernel), reading the fp16 KV as stored, and every product (QKV, o, "
+            "gate/up, down, LM head) an integer product of weights and rows each scaled per 64 "
+            "input channels by our GroupProduct operator (VNNI), 16 outlier channels in fp32; "
+            + _FAMILIES,
             params={
                 **_INT8_PARAMS,
                 "attention": "kernel",
                 "quantizer": "kernel",
+                "weights": "int8, one scale per 64 input channels and output column",
+                "activations": "int8, one scale per 64 channels of a row, computed at run time",
                 "8-bit blocks": [],
-                "grouped": {"products": list(INTEGER_BLOCKS), "channels": INTEGER_GROUP},
+                "grouped": {"products": list(INTEGER_GROUPED), "channels": INTEGER_GROUP},
                 "operator": kernels.source_digest(),
             },
             from_source=fused_integer(attention="kernel", quantizer="kernel"),

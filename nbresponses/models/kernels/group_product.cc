@@ -20,7 +20,9 @@
 // unsigned operand; the rows' int8 values are its signed one, so the zero point's share, 128
 // times the sum of a row's group, is the row's to subtract, not a column's), N16: N rounded up
 // to 16, the padding 128 (zero); each 64 bytes: 4 channels of 16 columns, a column's 4
-// together; scales float [K / group, N16]; apart_weight float [n, N16]. Attributes: group (a
+// together; scales float [K / group, N16]; apart_weight float [N16 / 16, n, 16] (the apart
+// channels' fp32 weight rows, 16 columns at a time: a tile reads them in one run, not n rows
+// a whole row of columns apart, which one-row steps waited on). Attributes: group (a
 // multiple of 4 dividing K), columns (N). Output [..., N] float.
 #define ORT_API_MANUAL_INIT
 #include <onnxruntime_cxx_api.h>
@@ -40,7 +42,9 @@ using namespace nbr;
 constexpr float kInv127 = static_cast<float>(1.0 / 127.0);
 constexpr int64_t kInline = 1 << 16;  // products below which one thread does them all
 constexpr int64_t kRowBlock = 48;     // rows a work item takes (a prompt's run: balance)
-constexpr int64_t kColumnBlock = 64;  // columns a work item takes (its weights stay in L2)
+constexpr int64_t kColumnBlock = 64;  // columns a work item takes
+constexpr int64_t kRows = 4;          // rows a tile takes (4 x 4 vectors: 16 sums in registers)
+constexpr int64_t kKBlock = 256;      // input channels a pass over a block's rows takes
 
 struct Job {
   const float* x;
@@ -109,17 +113,22 @@ void quantize_row(void* data, size_t index) {
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512F__)
-// R rows x C vectors of 16 columns starting at row r0 and column vector v0: the groups' int32
-// sums and the fp32 outputs in registers, each group's scaled sum added as the group ends.
+// acc += the dot products of 4 unsigned bytes of u and 4 signed bytes of s per lane, in place:
+// GCC's _mm512_dpbusd_epi32 copies the accumulator to a new register and back around every
+// instruction (and spilled a 4 x 4 tile's sums to the stack), which halved the throughput
+inline void dpbusd(__m512i& acc, __m512i u, __m512i s) {
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
+}
+
+// The groups [g0, g1) of R rows x C vectors of 16 columns (rows r0.., column vectors v0..): a
+// group's int32 sums in registers, its scaled sum added to the fp32 outputs in ``out`` (rows
+// ``kColumnBlock`` floats apart, in L1) as the group ends.
 template <int R, int C>
-void tile(const Job& j, int64_t r0, int64_t v0) {
+void groups(const Job& j, int64_t r0, int64_t v0, int64_t g0, int64_t g1, float* out) {
   const int64_t quads = j.K / 4, group_quads = j.group / 4;
-  __m512 out[R][C];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) out[r][c] = _mm512_setzero_ps();
   const int8_t* x[R];
   for (int r = 0; r < R; ++r) x[r] = j.q + (r0 + r) * j.K;
-  for (int64_t g = 0; g < j.groups; ++g) {
+  for (int64_t g = g0; g < g1; ++g) {
     __m512i acc[R][C];
     for (int r = 0; r < R; ++r) {  // start from minus the zero point's share
       const __m512i start = _mm512_set1_epi32(-j.shares[(r0 + r) * j.groups + g]);
@@ -134,25 +143,38 @@ void tile(const Job& j, int64_t r0, int64_t v0) {
         int32_t four;
         std::memcpy(&four, x[r] + g * j.group + t * 4, 4);
         const __m512i xb = _mm512_set1_epi32(four);
-        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], wv[c], xb);
+        for (int c = 0; c < C; ++c) dpbusd(acc[r][c], wv[c], xb);
       }
     }
     for (int c = 0; c < C; ++c) {
       const __m512 ws = _mm512_loadu_ps(j.scales + g * j.N16 + (v0 + c) * 16);
       for (int r = 0; r < R; ++r) {
         const __m512 s = _mm512_mul_ps(_mm512_set1_ps(j.row_scale[(r0 + r) * j.groups + g]), ws);
-        out[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][c]), s, out[r][c]);
+        float* o = out + r * kColumnBlock + c * 16;
+        _mm512_store_ps(o, _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][c]), s, _mm512_load_ps(o)));
       }
     }
   }
-  for (int r = 0; r < R; ++r) {
-    const float* p = j.picked + (r0 + r) * j.n;
+}
+
+// R rows x C vectors done: the apart channels (every element's own chain over k, the tile's
+// chains interleaved), added to the groups' sum, stored.
+template <int R, int C>
+void finish(const Job& j, int64_t r0, int64_t v0, const float* out) {
+  __m512 a[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) a[r][c] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < j.n; ++k) {
+    __m512 wv[C];
+    for (int c = 0; c < C; ++c) wv[c] = _mm512_loadu_ps(j.apart_weight + ((v0 + c) * j.n + k) * 16);
+    for (int r = 0; r < R; ++r) {
+      const __m512 p = _mm512_set1_ps(j.picked[(r0 + r) * j.n + k]);
+      for (int c = 0; c < C; ++c) a[r][c] = _mm512_fmadd_ps(p, wv[c], a[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) {
-      __m512 a = _mm512_setzero_ps();
-      for (int64_t k = 0; k < j.n; ++k)
-        a = _mm512_fmadd_ps(_mm512_set1_ps(p[k]),
-                            _mm512_loadu_ps(j.apart_weight + k * j.N16 + (v0 + c) * 16), a);
-      const __m512 o = _mm512_add_ps(out[r][c], a);
+      const __m512 o = _mm512_add_ps(_mm512_load_ps(out + r * kColumnBlock + c * 16), a[r][c]);
       const int64_t column = (v0 + c) * 16;
       float* dst = j.out + (r0 + r) * j.N + column;
       if (column + 16 <= j.N) {
@@ -161,37 +183,51 @@ void tile(const Job& j, int64_t r0, int64_t v0) {
         _mm512_mask_storeu_ps(dst, static_cast<__mmask16>((1u << (j.N - column)) - 1), o);
       }
     }
-  }
 }
 
+// A tile of ``count`` rows (up to kRows) by C vectors: the groups [g0, g1), or (g0 < 0) done.
 template <int C>
-void rows_tile(const Job& j, int64_t r0, int64_t count, int64_t v0) {
+void tile(const Job& j, int64_t r0, int64_t count, int64_t v0, int64_t g0, int64_t g1, float* out) {
   switch (count) {
-    case 1: tile<1, C>(j, r0, v0); break;
-    case 2: tile<2, C>(j, r0, v0); break;
-    case 3: tile<3, C>(j, r0, v0); break;
-    case 4: tile<4, C>(j, r0, v0); break;
-    case 5: tile<5, C>(j, r0, v0); break;
-    default: tile<6, C>(j, r0, v0);
+    case 1: g0 < 0 ? finish<1, C>(j, r0, v0, out) : groups<1, C>(j, r0, v0, g0, g1, out); break;
+    case 2: g0 < 0 ? finish<2, C>(j, r0, v0, out) : groups<2, C>(j, r0, v0, g0, g1, out); break;
+    case 3: g0 < 0 ? finish<3, C>(j, r0, v0, out) : groups<3, C>(j, r0, v0, g0, g1, out); break;
+    default: g0 < 0 ? finish<4, C>(j, r0, v0, out) : groups<4, C>(j, r0, v0, g0, g1, out);
   }
 }
 
-// One block of rows and columns: six rows by two column vectors at a time (one or two rows:
-// four vectors, independent sums in flight while the weights stream).
+// One block of rows and columns, the groups a K block at a time (its weights, kKBlock channels
+// by 64 columns, stay in L1 while every row of the block passes), in tiles of four rows by four
+// vectors; each element's chain still takes the groups in order.
 void product(void* data, size_t index) {
   const auto& j = *static_cast<const Job*>(data);
   const int64_t rb = static_cast<int64_t>(index) / j.column_blocks;
   const int64_t cb = static_cast<int64_t>(index) % j.column_blocks;
-  const int64_t row_end = std::min(j.rows, (rb + 1) * kRowBlock);
+  const int64_t row_begin = rb * kRowBlock, row_end = std::min(j.rows, row_begin + kRowBlock);
   const int64_t v_begin = cb * (kColumnBlock / 16);
   const int64_t v_end = std::min(j.N16 / 16, v_begin + kColumnBlock / 16);
-  for (int64_t r0 = rb * kRowBlock; r0 < row_end; r0 += 6) {
-    const int64_t count = std::min<int64_t>(6, row_end - r0);
-    int64_t v = v_begin;
-    if (count <= 2)
-      for (; v + 4 <= v_end; v += 4) (count == 1 ? tile<1, 4>(j, r0, v) : tile<2, 4>(j, r0, v));
-    for (; v + 2 <= v_end; v += 2) rows_tile<2>(j, r0, count, v);
-    for (; v < v_end; ++v) rows_tile<1>(j, r0, count, v);
+  alignas(64) float out[kRowBlock * kColumnBlock];
+  std::fill(out, out + (row_end - row_begin) * kColumnBlock, 0.f);
+  const int64_t step = std::max<int64_t>(1, kKBlock / j.group);
+  for (int64_t g0 = 0; g0 < j.groups + step; g0 += step) {  // the last pass: finish
+    const int64_t first = g0 < j.groups ? g0 : -1, g1 = std::min(j.groups, g0 + step);
+    for (int64_t r0 = row_begin; r0 < row_end; r0 += kRows) {
+      const int64_t count = std::min<int64_t>(kRows, row_end - r0);
+      for (int64_t v = v_begin; v < v_end;) {
+        float* o = out + (r0 - row_begin) * kColumnBlock + (v - v_begin) * 16;
+        if (v + 4 <= v_end) {
+          tile<4>(j, r0, count, v, first, g1, o);
+          v += 4;
+        } else if (v + 2 <= v_end) {
+          tile<2>(j, r0, count, v, first, g1, o);
+          v += 2;
+        } else {
+          tile<1>(j, r0, count, v, first, g1, o);
+          v += 1;
+        }
+      }
+    }
+    if (first < 0) break;
   }
 }
 #else
@@ -217,7 +253,7 @@ void product(void* data, size_t index) {
       }
       float acc = 0.f;
       for (int64_t k = 0; k < j.n; ++k)
-        acc = std::fma(j.picked[row * j.n + k], j.apart_weight[k * j.N16 + column], acc);
+        acc = std::fma(j.picked[row * j.n + k], j.apart_weight[((column / 16) * j.n + k) * 16 + column % 16], acc);
       j.out[row * j.N + column] = out + acc;
     }
   }
@@ -245,11 +281,11 @@ struct Kernel {
     const int64_t K = shape.empty() ? 0 : shape.back(), N16 = (columns + 15) / 16 * 16;
     if (shape.empty() || group <= 0 || group % 4 != 0 || K % group != 0 || ws.size() != 3 ||
         ws[0] != N16 / 16 || ws[1] != K / 4 || ws[2] != 64 || ss.size() != 2 ||
-        ss[0] != K / group || ss[1] != N16 || as.size() != 2 || as[0] != n ||
-        as[1] != N16)
+        ss[0] != K / group || ss[1] != N16 || as.size() != 3 || as[0] != N16 / 16 ||
+        as[1] != n || as[2] != 16)
       ORT_CXX_API_THROW("GroupProduct: x [..., K] with K a multiple of group (a multiple of 4), "
                         "weight [N16 / 16, K / 4, 64], scales [K / group, N16], "
-                        "apart_weight [n, N16] (N16: columns rounded up to 16)",
+                        "apart_weight [N16 / 16, n, 16] (N16: columns rounded up to 16)",
                         ORT_INVALID_ARGUMENT);
     const int64_t* channels = apart.GetTensorData<int64_t>();
     std::vector<float> keep(static_cast<size_t>(K), 1.f);
