@@ -89,7 +89,8 @@ async def test_the_calendar_event_parses(engine):
 
 async def test_guarded_and_closed_answers_are_the_same_bits_alone_and_batched(engine):
     cases = [c for c in BATTERY if c[0] in ("calendar_event", "steps", "books", "tags")]
-    kw = {"include": ["message.output_text.logprobs"], "top_logprobs": 2, "max_output_tokens": 160}
+    # a budget some answers outrun, so the closing takes part (160 did on the earlier default)
+    kw = {"include": ["message.output_text.logprobs"], "top_logprobs": 2, "max_output_tokens": 80}
 
     async def ask(case):
         name, prompt, schema = case
@@ -102,4 +103,5 @@ async def test_guarded_and_closed_answers_are_the_same_bits_alone_and_batched(en
     alone = [await ask(c) for c in cases]
     together = await asyncio.gather(*(ask(c) for c in cases))
     assert alone == list(together)
-    assert any(status == "incomplete" for _, status, _ in alone)  # closing took part
+    statuses = [status for _, status, _ in alone]
+    assert "incomplete" in statuses, statuses  # closing took part

@@ -99,6 +99,16 @@ const int* reduced_order() {
   return order;
 }
 const int* const kReduced = reduced_order();
+
+// reduce16's lanes put back in column order: lane c takes the lane that summed column c
+inline Vec in_column_order(Vec v) {
+  static const __m512i order = [] {
+    alignas(64) int32_t lane[16];
+    for (int i = 0; i < 16; ++i) lane[kReduced[i]] = i;
+    return _mm512_load_si512(lane);
+  }();
+  return _mm512_permutexvar_ps(order, v);
+}
 #endif
 
 template <typename T>
@@ -140,6 +150,12 @@ void attend_heads(const Job<T>& j, int64_t b, int64_t s, int64_t head0, int64_t 
     top[g] = std::max(top[g], x);
   };
 #ifdef NBR_REDUCE16
+  // without a softcap or a head's scalar tail, finish() is one product and a maximum: done on
+  // the 16 reduced sums at once (put back in column order), the same bits
+  const bool vector_finish = full == j.hd && j.softcap == 0.f;
+  const Vec scale = broadcast(j.scale);
+  Vec tops[H];
+  for (int g = 0; g < H; ++g) tops[g] = broadcast(-INFINITY);
   for (int64_t c0 = begin; c0 < end; c0 += 16) {  // 16 columns' sums reduced together
     const int64_t count = std::min<int64_t>(16, end - c0);
     // four columns at a time: four independent chains of products in flight per head (each
@@ -169,12 +185,25 @@ void attend_heads(const Job<T>& j, int64_t b, int64_t s, int64_t head0, int64_t 
     }
     for (int g = 0; g < H; ++g) {
       for (int64_t t = count; t < 16; ++t) sums[g][t] = zero();
+      if (vector_finish) {  // finish()'s operations, 16 columns at once in column order
+        const __mmask16 lanes = static_cast<__mmask16>((1u << count) - 1);
+        const Vec x = mul(in_column_order(reduce16(sums[g])), scale);
+        _mm512_mask_storeu_ps(p[g] + c0, lanes, x);
+        tops[g] = _mm512_mask_max_ps(tops[g], lanes, x, tops[g]);
+        continue;
+      }
       alignas(64) float reduced[16];
       store(reduced, reduce16(sums[g]));
       for (int i = 0; i < 16; ++i)
         if (kReduced[i] < count) finish(g, c0 + kReduced[i], reduced[i]);
     }
   }
+  if (vector_finish)
+    for (int g = 0; g < H; ++g) {
+      alignas(64) float lanes[16];
+      store(lanes, tops[g]);
+      for (int i = 0; i < 16; ++i) top[g] = std::max(top[g], lanes[i]);  // a maximum: any order
+    }
   for (int g = 0; g < H; ++g) {
     const Vec shift = broadcast(top[g]);
     Vec sum = zero();  // lane i: the columns begin + i, begin + 16 + i, ...
