@@ -1,4 +1,4 @@
-// GroupProduct (domain ai.nbresponses): x @ W with int8 weights and uint8 activations, each
+// GroupProduct (domain ai.nbresponses): x @ W with int8 weights and int8 activations, each
 // with one scale per group of input channels, and the few channels kept apart in fp32.
 //
 // Why: the integer recipe's one scale a row and a column loses most on the MLP's down
@@ -7,7 +7,9 @@
 // the other products' u8 x s8 GEMM runs ~0.7. Groups as ONNX operators (a Split, a quantizer
 // and a product per group, then the sums) were as faithful but one-row steps 34% slower
 // (benchmarks/README.md). Here: one node, the groups' sums in VNNI's vpdpbusd, each group's
-// scale applied once per group, not per product.
+// scale applied once per group, not per product. It also beat the per-row path (QuantizeRows,
+// MLAS's MatMulIntegerToFloat, OutlierProduct) on the other products, and is more faithful
+// there too, so fused-int8-kernel computes every product with it.
 //
 // Exactness: a row's quantization reads that row only; each group's sum of products is exact
 // in int32; each output element is one fixed chain, out = fma(float(sum_g), s_g * w_g, out) for
