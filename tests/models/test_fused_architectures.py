@@ -357,15 +357,16 @@ def test_grouped_products_keep_the_function_and_the_bits(arch, prompts, tokenize
             assert next(a.i for a in node.attribute if a.name == "K") % 64 != 0, name
     assert not {"MatMulIntegerToFloat", "QuantizeRows", "OutlierProduct"} & set(kinds), name
     tokens = [*max(prompts, key=len), 5, 9, 2]
-    whole, _ = _step(_session(ours), tokens, 0, _empty_past(_session(ours)))
     session = _session(ours)
+    whole, _ = _step(session, tokens, 0, _empty_past(session))
     past = _empty_past(session)
     steps = []
     for i, token in enumerate(tokens):
         out, past = _step(session, [token], i, past)
         steps.append(out)
     assert np.array_equal(np.concatenate(steps), whole), name
-    reference, _ = _step(_session(plain), tokens, 0, _empty_past(_session(plain)))
+    fp32 = _session(plain)
+    reference, _ = _step(fp32, tokens, 0, _empty_past(fp32))
     blocks, _ = _step(
         _session(_integer_graph(model, tokenizer, "kernel")), tokens, 0, _empty_past(session)
     )
