@@ -126,6 +126,14 @@ class OnnxRunner:
         logits = full[0] if position is None else full[:, position, :]
         return np.ascontiguousarray(logits, dtype=np.float32), list(outputs[1:])
 
+    def _reused_logits(self, shape: tuple[int, ...]) -> np.ndarray:
+        """A logits buffer of ``shape`` over memory reused between runs (grown, never shrunk;
+        an in-place binding made on smaller memory keeps its own view of it alive)."""
+        count = int(np.prod(shape))
+        if self._logits_memory.size < count:
+            self._logits_memory = np.empty(count, np.float32)
+        return self._logits_memory[:count].reshape(shape)
+
     def _run_in_place(
         self,
         input_ids: np.ndarray,
@@ -150,10 +158,7 @@ class OnnxRunner:
             # allocation and no copy per step (3 MB a step at 16 rows). Steps of other widths
             # (drafts verified) reuse its memory too: fresh pages would cost a fault each.
             # Callers read a row before the next run overwrites it.
-            count = int(np.prod(shape))
-            if self._logits_memory.size < count:
-                self._logits_memory = np.empty(count, np.float32)
-            self._logits = self._logits_memory[:count].reshape(shape)
+            self._logits = self._reused_logits(shape)
             binding.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(self._logits))
             self._binding, self._bound_past = binding, past
         given = {
@@ -198,7 +203,15 @@ class OnnxRunner:
             buffer[:, :, :width] = array
             buffers.append(buffer)
         binding = self.session.io_binding()
-        binding.bind_output("logits")  # first: ``get_outputs()`` lists them in binding order
+        if position is None:
+            # Every position's logits (a scoring run: 50 MB at 256 tokens) land in a buffer of
+            # ours, reused from run to run: a fresh output, copied out by ``.numpy()``, cost a
+            # page fault per 4 KiB and a copy (benchmarks/README.md). The caller reads them
+            # before its next run (``Scheduler._extend``).
+            full = self._reused_logits((batch, count, self.vocab_size))
+            binding.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(full))
+        else:
+            binding.bind_output("logits")  # first: ``get_outputs()`` lists them in binding order
         present = [ort.OrtValue.ortvalue_from_numpy(b) for b in buffers]
         for name, out, value in zip(
             self.layout.past_names, self.layout.present_names, present, strict=True
@@ -214,8 +227,9 @@ class OnnxRunner:
         for name, value in feeds.items():
             binding.bind_cpu_input(name, value)
         self.session.run_with_iobinding(binding)
-        full = binding.get_outputs()[0].numpy()
-        logits = full[0] if position is None else full[:, position, :]
+        if position is None:
+            return full[0], buffers
+        logits = binding.get_outputs()[0].numpy()[:, position, :]
         # the arrays, not the OrtValues: an OrtValue over numpy memory does not own it, and a
         # view taken with ``.numpy()`` would outlive the array once the OrtValue is dropped
         return np.ascontiguousarray(logits, dtype=np.float32), buffers
