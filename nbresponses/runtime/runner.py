@@ -53,6 +53,12 @@ class OnnxRunner:
     def __init__(self, model_path: str | os.PathLike[str], *, threads: int | None = None) -> None:
         self.model_path = Path(model_path)
         options = kernels.for_model(session_options(threads), self.model_path)
+        # A model that uses our operators has their library: its logprobs, ranks and entropies
+        # come from its compiled core (``sampling.token_logprob``), the same numbers ~3x faster
+        # than numpy's. Decided by the model file, so a model's numbers never change source.
+        self.token_stats: kernels.TokenStats | None = (
+            kernels.token_stats() if kernels.uses_kernels(self.model_path) else None
+        )
         self.session = ort.InferenceSession(
             str(self.model_path), options, providers=["CPUExecutionProvider"]
         )

@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
 from nbresponses.tokens.contract import SamplingParams, TokenIdLogprob
 
 MAX_TOP_LOGPROBS = 20
+# A compiled ``token_logprob`` core: (row, token, log-softmax out or None) -> (logprob, rank,
+# entropy), as ``models.kernels.TokenStats``
+NativeStats = Callable[[np.ndarray, int, "np.ndarray | None"], tuple[float, int, float]]
 _NUCLEUS_PROBE = 64  # top-p: first try the 64 most likely tokens before sorting the vocabulary
 
 
@@ -245,6 +249,7 @@ def token_logprob(
     *,
     details: bool = False,
     distribution: bool = False,
+    native: NativeStats | None = None,
 ) -> TokenIdLogprob:
     """The chosen token's logprob and the ``top`` best alternatives, from the raw logits; with
     ``details``, its rank (1 + the number of tokens more likely) and the entropy in nats; with
@@ -254,9 +259,24 @@ def token_logprob(
     bit for bit), computed in reused buffers. The entropy reuses the softmax's one exp pass,
     -sum(exp(shifted) * logp) / sum(exp(shifted)) in float64: the exp of the vocabulary is
     most of this function's time, and this form is also ~5x closer to a float64 computation
-    than the exp of the rounded float32 logprobs was (tests/runtime/test_units.py)."""
+    than the exp of the rounded float32 logprobs was (tests/runtime/test_units.py).
+
+    ``native``: the same numbers from compiled code (``models.kernels.TokenStats``, ~3x faster;
+    the engine uses it for the models that use our operators, so a model's logprobs always come
+    from one of the two)."""
     x = logits.astype(np.float32, copy=False)
     logp, wide = _scratch.get(x.shape[0])
+    if native is not None:
+        whole = top > 0 or distribution
+        value, place, spread = native(x, int(token_id), logp if whole else None)
+        return TokenIdLogprob(
+            token_id=int(token_id),
+            logprob=value,
+            top=tuple((int(i), float(logp[i])) for i in top_k(logp, top)) if top > 0 else (),
+            rank=place if details else None,
+            entropy=spread if details else None,
+            distribution=logp.copy() if distribution else None,
+        )
     np.subtract(x, x.max(), out=logp)  # shifted
     np.exp(logp, out=wide, dtype=np.float64)
     total = wide.sum()

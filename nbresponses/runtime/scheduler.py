@@ -397,6 +397,7 @@ class Scheduler:
                     request.top_logprobs,
                     details=True,
                     distribution=request.distribution,
+                    native=self.runner.token_stats,
                 )
                 for p in range(first, last)
             )
@@ -596,6 +597,7 @@ class Scheduler:
                     params.top_logprobs,
                     details=params.details,
                     distribution=params.distribution,
+                    native=self.runner.token_stats,
                 )
                 if params.processed_logprobs:
                     processed = lp.logprob

@@ -33,6 +33,7 @@ class FakeRunner:
     kv_in_place = False  # ``kv.SeparateKV``: a run per row, so each run names its request
     exact_steps = False
     layout = LAYOUT
+    token_stats = None  # logprobs from numpy's code
 
     def __init__(self) -> None:
         self.scheduler: Scheduler | None = None

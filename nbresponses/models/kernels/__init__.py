@@ -18,11 +18,16 @@ Operators (``register.cc`` adds them to the domain):
   (``fused._IntegerGraph(quantizer="kernel")``);
 - ``GroupProduct`` (``group_product.cc``): an integer product with a scale per group of input
   channels, weights and rows alike, in VNNI's vpdpbusd (``fused._IntegerGraph(grouped=...)``:
-  ``fused-int8-kernel``'s down projections).
+  ``fused-int8-kernel``'s products).
+
+Besides the operators, one plain C function (``token_stats.cc``, called through ``ctypes``:
+``token_stats``): a row of logits to a token's logprob, rank and entropy, which the engine
+computes for every scored or reported token of a model that uses the operators.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import json
@@ -34,6 +39,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from nbresponses.models.cache import MANIFEST, build_once, cache_root, write_manifest
 
 DOMAIN = "ai.nbresponses"
@@ -43,6 +50,7 @@ _SOURCES = (
     "quantize_rows.cc",
     "outlier_product.cc",
     "group_product.cc",
+    "token_stats.cc",
     "register.cc",
 )
 _HEADERS = ("simd.h",)  # included by the sources: part of their digest
@@ -225,3 +233,61 @@ def library(
         )
 
     return build_once(folder, build) / _LIBRARY
+
+
+class TokenStats:
+    """``token_stats.cc`` through ``ctypes``: ``stats(logits, token) -> (logprob, rank,
+    entropy)`` of a float32 row, writing the row's whole log-softmax into ``logp`` when given.
+
+    The definition is ``runtime/sampling.py``'s (numpy's float32 log-softmax with its sum in
+    float64); three passes over the row instead of eight (~35 us a row of 49k logits against
+    ~110). The logprob and the log-softmax are numpy's bits but for the last bit of values near
+    0 (the normalizer's float64 sum differs in its ~16th digit); the entropy is nearer a float64
+    computation than numpy's (tests/models/test_token_stats.py)."""
+
+    def __init__(self, path: Path) -> None:
+        function = ctypes.CDLL(str(path)).nbr_token_stats
+        function.restype = ctypes.c_int64
+        function.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_int64,
+            ctypes.c_void_p,
+            ctypes.POINTER(ctypes.c_float),
+            ctypes.POINTER(ctypes.c_double),
+        ]
+        self._function = function
+        self.path = path
+
+    def __call__(
+        self, logits: np.ndarray, token: int, logp: np.ndarray | None = None
+    ) -> tuple[float, int, float]:
+        row = np.ascontiguousarray(logits, np.float32)
+        vocab = row.shape[0]
+        if row.ndim != 1 or not 0 <= token < vocab:
+            raise ValueError(f"one row of logits and a token in [0, {vocab}): got {token}")
+        if logp is not None and (logp.shape != row.shape or logp.dtype != np.float32):
+            raise ValueError("logp must be a float32 array of the row's shape")
+        if logp is not None and not logp.flags.c_contiguous:
+            raise ValueError("logp must be contiguous")
+        logprob, entropy = ctypes.c_float(), ctypes.c_double()
+        rank = self._function(
+            row.ctypes.data,
+            vocab,
+            int(token),
+            None if logp is None else logp.ctypes.data,
+            ctypes.byref(logprob),
+            ctypes.byref(entropy),
+        )
+        return logprob.value, int(rank), entropy.value
+
+
+def token_stats(flags: tuple[str, ...] = ()) -> TokenStats:
+    """The compiled ``nbr_token_stats`` of this machine's library (built on first use; one
+    loaded library a process, and a set of ``flags``)."""
+    return _token_stats(tuple(flags))
+
+
+@functools.cache
+def _token_stats(flags: tuple[str, ...]) -> TokenStats:
+    return TokenStats(library(flags=flags))

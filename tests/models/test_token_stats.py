@@ -1,0 +1,132 @@
+"""The compiled core of ``sampling.token_logprob`` (``kernels.TokenStats``, ``token_stats.cc``):
+what the engine uses for the logprobs, ranks and entropies of the models that use our operators.
+
+It promises numpy's definition (``sampling.log_softmax``): checked against an independent
+float64 computation, and against numpy's own code (the logprob and rank the same; the
+log-softmax the same but for the last bit of values near 0), the same bits from the AVX-512 and
+the AVX2 code, and NaN in, NaN out.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from nbresponses.models import kernels
+from nbresponses.runtime import sampling
+
+ISAS = {"native": (), "avx2": ("-mno-avx512f",)}
+
+
+def _stats(isa: str = "native") -> kernels.TokenStats:
+    try:
+        return kernels.token_stats(ISAS[isa])
+    except kernels.KernelsUnavailable as error:
+        pytest.skip(str(error))
+
+
+def _rows(seed: int = 0):
+    """Rows of logits as models give them, and harder: peaked, flat, with -inf, odd sizes."""
+    rng = np.random.default_rng(seed)
+    for vocab in (1, 2, 15, 16, 17, 100, 49152, 49153, 151936):
+        for scale in (0.01, 1.0, 4.0, 60.0):
+            row = (rng.standard_normal(vocab) * scale).astype(np.float32)
+            yield row, int(rng.integers(vocab))
+    row = np.zeros(1000, np.float32)  # flat: every rank 1, entropy log(1000)
+    yield row, 3
+    row = np.full(500, -np.inf, np.float32)  # one finite logit: certain
+    row[7] = 2.5
+    yield row, 7
+    row = (np.random.default_rng(seed + 1).standard_normal(4096) * 3).astype(np.float32)
+    row[::5] = -np.inf  # banned tokens: their probability is 0, not NaN
+    yield row, 1
+
+
+def _reference(row: np.ndarray, token: int) -> tuple[float, int, float]:
+    """An independent float64 computation (the rank from float64 values)."""
+    x = row.astype(np.float64)
+    shifted = x - x.max()
+    lse = np.log(np.exp(shifted).sum())
+    logp = shifted - lse
+    p = np.exp(logp)
+    seen = p > 0
+    entropy = float(-(p[seen] * logp[seen]).sum())
+    return float(logp[token]), 1 + int(np.count_nonzero(logp > logp[token])), entropy
+
+
+def test_logprob_rank_and_entropy_against_a_float64_computation() -> None:
+    stats = _stats()
+    for row, token in _rows():
+        logprob, rank, entropy = stats(row, token)
+        expected_logprob, expected_rank, expected_entropy = _reference(row, token)
+        # float32's rounding of the shift and of the normalizer, no more
+        assert logprob == pytest.approx(expected_logprob, rel=3e-7, abs=3e-7)
+        assert entropy == pytest.approx(expected_entropy, rel=1e-6, abs=1e-9)
+        # float32 logprobs may tie where float64 ones do not: never ranked higher than float64
+        assert rank <= expected_rank
+        assert rank == 1 + int(np.count_nonzero(sampling.log_softmax(row) > logprob))
+
+
+def _same(a: float, b: float) -> bool:
+    """The same float32, or both within 1e-6 of 0 (see below)."""
+    return a == b or (abs(a) < 1e-6 and abs(b) < 1e-6)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # numpy: 0 * -inf
+def test_the_numbers_numpys_code_gives() -> None:
+    stats = _stats()
+    for row, token in _rows(seed=3):
+        ours = sampling.token_logprob(row, token, 5, details=True, distribution=True, native=stats)
+        numpys = sampling.token_logprob(row, token, 5, details=True, distribution=True)
+        assert _same(ours.logprob, numpys.logprob) and ours.rank == numpys.rank
+        assert [i for i, _ in ours.top] == [i for i, _ in numpys.top]
+        assert all(_same(a, b) for (_, a), (_, b) in zip(ours.top, numpys.top, strict=True))
+        if np.isfinite(numpys.entropy):  # numpy's entropy is NaN when a logit is -inf
+            assert ours.entropy == pytest.approx(numpys.entropy, rel=1e-6, abs=1e-9)
+        # the log-softmax: the normalizers' float64 sums differ in their ~16th digit, which
+        # reaches float32's last bit only for values near 0
+        assert ours.distribution is not None and numpys.distribution is not None
+        apart = ours.distribution != numpys.distribution
+        assert np.all(np.abs(ours.distribution[apart]) < 1e-6)
+        assert apart.mean() < 1e-3
+
+
+def test_avx512_and_avx2_give_the_same_bits() -> None:
+    native, plain = _stats("native"), _stats("avx2")
+    for row, token in _rows(seed=5):
+        a, b = np.empty_like(row), np.empty_like(row)
+        assert native(row, token, a) == plain(row, token, b)
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_row_alone_or_in_a_run_gives_the_same_bits() -> None:
+    """A scoring run's rows are views of one buffer: the numbers depend on the row alone."""
+    stats = _stats()
+    run = (np.random.default_rng(9).standard_normal((6, 49152)) * 3).astype(np.float32)
+    for i in range(6):
+        assert stats(run[i], 17) == stats(run[i].copy(), 17)
+
+
+def test_nan_in_nan_out_and_bad_calls_refused() -> None:
+    stats = _stats()
+    row = np.ones(64, np.float32)
+    row[40] = np.nan
+    logprob, _, entropy = stats(row, 2)
+    assert np.isnan(logprob) and np.isnan(entropy)
+    with pytest.raises(ValueError, match="token"):
+        stats(np.ones(8, np.float32), 8)
+    with pytest.raises(ValueError, match="logp"):
+        stats(np.ones(8, np.float32), 1, np.empty(8, np.float64))
+
+
+def test_the_engine_uses_it_for_models_with_our_operators_only(
+    tiny_source, tiny_model, cache_dir
+) -> None:
+    """Decided by the model file: a model's logprobs always come from one code."""
+    from nbresponses.models.prepare import prepare_model
+    from nbresponses.runtime.runner import OnnxRunner
+
+    stats = _stats()
+    kernel = prepare_model(tiny_source, "fused-int8-kernel", cache_dir=cache_dir, progress=False)
+    assert OnnxRunner(kernel.onnx_path).token_stats is stats
+    assert OnnxRunner(tiny_model.onnx_path).token_stats is None
