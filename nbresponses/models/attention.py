@@ -240,8 +240,9 @@ def attention(
     [B, S, kv * hd] (already rotated) into them; returns [B, S, heads * hd].
 
     ``kernel``: computed by our ``KVAttention`` operator (``kernels``) instead of the standard
-    operators below: the same writes, then each token reads its own columns straight from the
-    buffers, as stored (no fp32 copies, no masked columns), with the same contract.
+    operators below: the same writes (made by the operator: the rounding of ``write``'s Clip and
+    Cast, in place), then each token reads its own columns straight from the buffers, as stored
+    (no fp32 copies, no masked columns), with the same contract.
 
     ``stored``: the buffers' ONNX element type when it is not float (``TensorProto.FLOAT16``
     only): new keys and values are rounded to it as they are written (``write``) and every
@@ -253,11 +254,11 @@ def attention(
     shape = step.shape
     kv, hd = shape.kv_heads, shape.head_dim
     const = step.const
-    keys, values = write(g, step, name=name, k=k, v=v, past=past, present=present, stored=stored)
-    if kernel:
+    if kernel:  # the operator writes the new keys and values itself (eight nodes fewer a layer)
         return g.node(
             "KVAttention",
-            [q, keys, values, "position_ids"],
+            [q, past[0], past[1], "position_ids", k, v],
+            [f"{name}/kernel/out0", present[0], present[1]],
             name=f"{name}/kernel",
             domain=DOMAIN,
             heads=shape.heads,
@@ -265,6 +266,7 @@ def attention(
             softcap=float(softcap),
             window=int(window or 0),
         )[0]
+    keys, values = write(g, step, name=name, k=k, v=v, past=past, present=present, stored=stored)
     if stored is not None:  # [B, kv, W, hd] as float
         keys, values = (
             g.node("Cast", [x], name=f"{name}/{which}_read", to=TensorProto.FLOAT)[0]

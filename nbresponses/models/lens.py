@@ -170,7 +170,12 @@ def build_lens_graph(model: Any) -> Any:
         "lens_top_ids": TensorProto.INT64,
         "lens_next_rank": TensorProto.INT64,
     }
+    # The present KV stays an output (unread): with our KVAttention writing it, a float16 KV
+    # that no graph output declares lets ONNX Runtime give the operator float32 copies of the
+    # buffers (its cast insertion), and the lens would read unrounded keys the model never sees.
+    kept = [o for o in graph.output if o.name.startswith("present.")]
     del graph.output[:]
+    graph.output.extend(kept)
     for name in OUTPUTS:
         graph.output.append(
             helper.make_tensor_value_info(name, kinds.get(name, TensorProto.FLOAT), None)

@@ -156,6 +156,124 @@ async def test_the_engine_runs_a_kernel_graph_exactly(tmp_path, tokenizer, promp
     assert batched == alone * 2
 
 
+def _writing_sessions(stored: int, isa: str):
+    """KVAttention writing the new keys and values itself, and the standard graph's writes
+    (Clip to float16's range and Cast when ``stored`` is FLOAT16, ScatterND) before the
+    operator reading the buffers: one layer, 4 query heads on 2 KV heads of 8."""
+    from helpers.operators import operator_session
+    from onnx import TensorProto, helper
+
+    B, S, W, heads, kv, hd = 2, 3, 6, 4, 2, 8
+    attrs = {"heads": heads, "scale": 0.35, "softcap": 0.0, "window": 0}
+    inputs = [
+        helper.make_tensor_value_info("q", TensorProto.FLOAT, [B, S, heads * hd]),
+        helper.make_tensor_value_info("past_k", stored, [B, kv, W, hd]),
+        helper.make_tensor_value_info("past_v", stored, [B, kv, W, hd]),
+        helper.make_tensor_value_info("positions", TensorProto.INT64, [B, S]),
+        helper.make_tensor_value_info("k", TensorProto.FLOAT, [B, S, kv * hd]),
+        helper.make_tensor_value_info("v", TensorProto.FLOAT, [B, S, kv * hd]),
+    ]
+    outputs = [
+        helper.make_tensor_value_info("out", TensorProto.FLOAT, [B, S, heads * hd]),
+        helper.make_tensor_value_info("present_k", stored, [B, kv, W, hd]),
+        helper.make_tensor_value_info("present_v", stored, [B, kv, W, hd]),
+    ]
+    fused = helper.make_node(
+        "KVAttention",
+        ["q", "past_k", "past_v", "positions", "k", "v"],
+        ["out", "present_k", "present_v"],
+        domain=kernels.DOMAIN,
+        **attrs,
+    )
+    top = float(np.finfo(np.float16).max)
+    bounds = [
+        helper.make_tensor("low", TensorProto.FLOAT, [], [-top]),
+        helper.make_tensor("high", TensorProto.FLOAT, [], [top]),
+        helper.make_tensor("shape4", TensorProto.INT64, [4], [B, S, kv, hd]),
+    ]
+    nodes = []
+    for x in ("k", "v"):
+        nodes.append(helper.make_node("Reshape", [x, "shape4"], [f"{x}4"]))
+        last = f"{x}4"
+        if stored == TensorProto.FLOAT16:
+            nodes.append(helper.make_node("Clip", [last, "low", "high"], [f"{x}_clip"]))
+            nodes.append(helper.make_node("Cast", [f"{x}_clip"], [f"{x}_cast"], to=stored))
+            last = f"{x}_cast"
+        nodes.append(helper.make_node("ScatterND", [f"past_{x}", "index", last], [f"present_{x}"]))
+    nodes.append(
+        helper.make_node(
+            "KVAttention",
+            ["q", "present_k", "present_v", "positions"],
+            ["out"],
+            domain=kernels.DOMAIN,
+            **attrs,
+        )
+    )
+    index_input = helper.make_tensor_value_info("index", TensorProto.INT64, [B, S, kv, 3])
+    flags = ISAS[isa]
+    ours = operator_session([fused], inputs, outputs, [], flags)
+    graphs = operator_session(nodes, [*inputs, index_input], outputs, bounds, flags)
+    return ours, graphs, (B, S, W, heads, kv, hd)
+
+
+def _index(positions: np.ndarray, kv: int) -> np.ndarray:
+    """ScatterND's [B, S, kv, 3] (row, KV head, position) of each new key."""
+    B, S = positions.shape
+    rows = np.broadcast_to(np.arange(B)[:, None, None], (B, S, kv))
+    heads = np.broadcast_to(np.arange(kv)[None, None, :], (B, S, kv))
+    at = np.broadcast_to(positions[:, :, None], (B, S, kv))
+    return np.stack([rows, heads, at], axis=-1).astype(np.int64)
+
+
+@pytest.mark.parametrize("isa", list(ISAS))
+@pytest.mark.parametrize("kv_dtype", ["float16", "float32"])
+def test_the_operators_writes_are_the_graphs_writes(kv_dtype, isa) -> None:
+    """The same buffers and outputs, bit for bit, as Clip, Cast and ScatterND before it: values
+    past float16's range clipped, a NaN kept, the untouched columns as they were; in place when
+    present and past are one buffer (the engine's binding), a copy of the past otherwise."""
+    import onnxruntime as ort
+    from onnx import TensorProto
+
+    stored = TensorProto.FLOAT16 if kv_dtype == "float16" else TensorProto.FLOAT
+    try:
+        ours, graphs, (B, S, W, heads, kv, hd) = _writing_sessions(stored, isa)
+    except kernels.KernelsUnavailable as error:
+        pytest.skip(str(error))
+    rng = np.random.default_rng(4)
+    dtype = np.dtype(kv_dtype)
+    past_k = rng.standard_normal((B, kv, W, hd)).astype(dtype)
+    past_v = rng.standard_normal((B, kv, W, hd)).astype(dtype)
+    k = (rng.standard_normal((B, S, kv * hd)) * 3).astype(np.float32)
+    v = (rng.standard_normal((B, S, kv * hd)) * 3).astype(np.float32)
+    k[0, 0, :3] = [1e6, -1e6, np.nan]  # past float16's range, and a NaN
+    v[1, 2, 5] = 7e4
+    positions = np.array([[1, 2, 3], [3, 4, 5]], np.int64)
+    q = rng.standard_normal((B, S, heads * hd)).astype(np.float32)
+    feeds = {"q": q, "past_k": past_k, "past_v": past_v, "positions": positions, "k": k, "v": v}
+    expected = graphs.run(None, {**feeds, "index": _index(positions, kv)})
+    got = ours.run(None, feeds)  # fresh outputs: the past copied, then written
+    for a, b in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert np.array_equal(past_k, feeds["past_k"])  # the inputs untouched
+    # in place: present bound to the past's own memory
+    binding = ours.io_binding()
+    binding.bind_output("out")  # first: ``get_outputs()`` lists them in binding order
+    buffers = {"k": past_k.copy(), "v": past_v.copy()}
+    for name, value in feeds.items():
+        if name.startswith("past_"):
+            buffer = ort.OrtValue.ortvalue_from_numpy(buffers[name[-1]])
+            binding.bind_ortvalue_input(name, buffer)
+            binding.bind_ortvalue_output(f"present_{name[-1]}", buffer)
+        else:
+            binding.bind_cpu_input(name, value)
+    ours.run_with_iobinding(binding)
+    np.testing.assert_array_equal(binding.get_outputs()[0].numpy(), expected[0])
+    np.testing.assert_array_equal(buffers["k"], expected[1])
+    np.testing.assert_array_equal(buffers["v"], expected[2])
+    with pytest.raises(Exception, match="outside the buffers"):
+        ours.run(None, {**feeds, "positions": positions + 1})
+
+
 def test_a_graph_names_the_operators_only_when_it_uses_them(tmp_path, tokenizer) -> None:
     model = build_tiny_model("llama3", len(tokenizer))
     for attention, expected in (("ops", False), ("kernel", True)):

@@ -11,8 +11,9 @@ versioned and ONNX Runtime serves older versions, so headers older than the runt
 
 Operators (``register.cc`` adds them to the domain):
 
-- ``KVAttention`` (``kv_attention.cc``): attention read straight from the KV buffers
-  (``attention.attention(kernel=True)`` puts it in a graph);
+- ``KVAttention`` (``kv_attention.cc``): the step's keys and values written into the KV
+  buffers in place, then attention read straight from them (``attention.attention(kernel=True)``
+  puts it in a graph);
 - ``QuantizeRows`` (``quantize_rows.cc``) and ``OutlierProduct`` (``outlier_product.cc``): the
   integer products' row quantization and outlier channels, one node each
   (``fused._IntegerGraph(quantizer="kernel")``);

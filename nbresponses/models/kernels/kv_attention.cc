@@ -12,9 +12,17 @@
 // the buffer's width or the thread count.
 //
 // Inputs: q [B, S, heads * head_dim] float; keys, values [B, kv_heads, W, head_dim] float or
-// float16 (the buffers after this step's columns are written); position_ids [B, S] int64.
-// Output: [B, S, heads * head_dim] float. Attributes: heads, scale, softcap (0: none), window
-// (0: none; else a token at p sees columns p - window + 1 .. p).
+// float16; position_ids [B, S] int64; optional new_keys, new_values [B, S, kv_heads * head_dim]
+// float (rotated). Outputs: [B, S, heads * head_dim] float; with the new keys and values, the
+// buffers with them written (present keys, present values). Attributes: heads, scale, softcap
+// (0: none), window (0: none; else a token at p sees columns p - window + 1 .. p).
+//
+// Without new keys and values the buffers are read as given (a graph wrote them). With them,
+// each token's key and value are written at its position first, as the graph's writes did
+// (Clip to float16's range, Cast, ScatterND: one node each, eight a layer, gone): rounded to
+// nearest even when the buffers are float16 (clipped first: a NaN stays NaN), and in place
+// when the present buffers are the past ones (bound to the same memory, as the engine binds
+// them); other present buffers get a copy of the past first.
 #define ORT_API_MANUAL_INIT
 #include <onnxruntime_cxx_api.h>
 
@@ -24,6 +32,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -299,6 +308,41 @@ void attend(void* data, size_t index) {
   }
 }
 
+// One token's new keys or values [kv * hd] into its column of buffer [kv, W, hd] of its row.
+struct Write {
+  const float* from;  // [B, S, kv * hd]
+  void* to;           // [B, kv, W, hd]
+  const int64_t* positions;
+  int64_t S, kv, W, hd;
+  bool half;
+};
+
+void write_token(void* data, size_t index) {
+  const auto& w = *static_cast<const Write*>(data);
+  const int64_t b = static_cast<int64_t>(index) / w.S;
+  const int64_t at = w.positions[index];
+  const float* x = w.from + static_cast<int64_t>(index) * w.kv * w.hd;
+  for (int64_t h = 0; h < w.kv; ++h, x += w.hd) {
+    const int64_t offset = ((b * w.kv + h) * w.W + at) * w.hd;
+    if (!w.half) {
+      std::memcpy(static_cast<float*>(w.to) + offset, x, static_cast<size_t>(w.hd) * sizeof(float));
+      continue;
+    }
+    uint16_t* out = static_cast<uint16_t*>(w.to) + offset;
+    const __m256 low = _mm256_set1_ps(-65504.f), high = _mm256_set1_ps(65504.f);
+    int64_t d = 0;
+    for (; d + 8 <= w.hd; d += 8) {  // max/min with the bound first: a NaN passes through
+      const __m256 v = _mm256_min_ps(high, _mm256_max_ps(low, _mm256_loadu_ps(x + d)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + d),
+                       _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    for (; d < w.hd; ++d) {
+      const float v = x[d] != x[d] ? x[d] : std::min(65504.f, std::max(-65504.f, x[d]));
+      out[d] = _cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    }
+  }
+}
+
 struct Kernel {
   int64_t heads, window;
   float scale, softcap;
@@ -312,9 +356,9 @@ struct Kernel {
   }
 
   template <typename T>
-  void run(Ort::KernelContext& ctx, Job<T> job, const Ort::ConstValue& k, const Ort::ConstValue& v) {
-    job.keys = static_cast<const T*>(k.GetTensorRawData());
-    job.values = static_cast<const T*>(v.GetTensorRawData());
+  void run(Ort::KernelContext& ctx, Job<T> job, const void* keys, const void* values) {
+    job.keys = static_cast<const T*>(keys);
+    job.values = static_cast<const T*>(values);
     if (job.S == 0) return;
     // the common head sizes compiled for their exact width; the same operations in any case
     void (*kernel)(void*, size_t) = attend<T, 0>;
@@ -324,9 +368,47 @@ struct Kernel {
     ctx.ParallelFor(kernel, static_cast<size_t>(job.B * job.kv * job.blocks), 0, &job);
   }
 
+  // The new keys and values written into the present buffers (the past ones when bound to
+  // the same memory, else a copy of them); returns the present buffers.
+  std::pair<const void*, const void*> write(Ort::KernelContext& ctx, const std::vector<int64_t>& qs,
+                                            const std::vector<int64_t>& ks) {
+    const auto past_k = ctx.GetInput(1), past_v = ctx.GetInput(2), ids = ctx.GetInput(3);
+    const bool half =
+        past_k.GetTensorTypeAndShapeInfo().GetElementType() == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+    const size_t bytes = static_cast<size_t>(ks[0] * ks[1] * ks[2] * ks[3]) * (half ? 2 : 4);
+    const std::vector<int64_t> news = {qs[0], qs[1], ks[1] * ks[3]};
+    const int64_t* positions = ids.GetTensorData<int64_t>();
+    for (int64_t i = 0; i < qs[0] * qs[1]; ++i)
+      if (positions[i] < 0 || positions[i] >= ks[2])
+        ORT_CXX_API_THROW("KVAttention: a position is outside the buffers' columns",
+                          ORT_INVALID_ARGUMENT);
+    const void* written[2];
+    for (int which = 0; which < 2; ++which) {
+      const auto past = which == 0 ? past_k : past_v;
+      const auto fresh = ctx.GetInput(4 + which);
+      if (fresh.GetTensorTypeAndShapeInfo().GetShape() != news ||
+          past.GetTensorTypeAndShapeInfo().GetShape() != ks)
+        ORT_CXX_API_THROW("KVAttention: new keys and values must be [B, S, kv_heads * head_dim] "
+                          "and both buffers [B, kv_heads, W, head_dim]",
+                          ORT_INVALID_ARGUMENT);
+      auto present = ctx.GetOutput(1 + which, ks);
+      if (present.GetTensorTypeAndShapeInfo().GetElementType() !=
+          past.GetTensorTypeAndShapeInfo().GetElementType())
+        ORT_CXX_API_THROW("KVAttention: the present buffers must have the past buffers' type",
+                          ORT_INVALID_ARGUMENT);
+      void* to = present.GetTensorMutableRawData();
+      if (to != past.GetTensorRawData()) std::memcpy(to, past.GetTensorRawData(), bytes);
+      Write w{fresh.GetTensorData<float>(), to, positions, qs[1], ks[1], ks[2], ks[3], half};
+      ctx.ParallelFor(write_token, static_cast<size_t>(qs[0] * qs[1]), 0, &w);
+      written[which] = to;
+    }
+    return {written[0], written[1]};
+  }
+
   void Compute(OrtKernelContext* context) {
     Ort::KernelContext ctx(context);
-    const auto q = ctx.GetInput(0), k = ctx.GetInput(1), v = ctx.GetInput(2), ids = ctx.GetInput(3);
+    const auto q = ctx.GetInput(0), ids = ctx.GetInput(3);
+    const auto k = ctx.GetInput(1), v = ctx.GetInput(2);
     const auto qs = q.GetTensorTypeAndShapeInfo().GetShape();  // [B, S, heads * hd]
     const auto ks = k.GetTensorTypeAndShapeInfo().GetShape();  // [B, kv, W, hd]
     auto out = ctx.GetOutput(0, qs);
@@ -336,6 +418,8 @@ struct Kernel {
                         "[B, kv_heads, W, head_dim] with heads a multiple of kv_heads and "
                         "head_dim at most 512",
                         ORT_INVALID_ARGUMENT);
+    std::pair<const void*, const void*> buffers = {k.GetTensorRawData(), v.GetTensorRawData()};
+    if (ctx.GetInputCount() > 4 && ctx.GetInput(4) != nullptr) buffers = write(ctx, qs, ks);
     auto fill = [&](auto job) {
       job.q = q.GetTensorData<float>();
       job.positions = ids.GetTensorData<int64_t>();
@@ -353,9 +437,9 @@ struct Kernel {
       return job;
     };
     if (k.GetTensorTypeAndShapeInfo().GetElementType() == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16)
-      run(ctx, fill(Job<uint16_t>{}), k, v);
+      run(ctx, fill(Job<uint16_t>{}), buffers.first, buffers.second);
     else
-      run(ctx, fill(Job<float>{}), k, v);
+      run(ctx, fill(Job<float>{}), buffers.first, buffers.second);
   }
 };
 
@@ -363,14 +447,24 @@ struct Op : Ort::CustomOpBase<Op, Kernel> {
   void* CreateKernel(const OrtApi& api, const OrtKernelInfo* info) const { return new Kernel(api, info); }
   const char* GetName() const { return "KVAttention"; }
   const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
-  size_t GetInputTypeCount() const { return 4; }
+  size_t GetInputTypeCount() const { return 6; }
   ONNXTensorElementDataType GetInputType(size_t i) const {
-    if (i == 0) return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    if (i == 0 || i >= 4) return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
     if (i == 3) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
     return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;  // the buffers: float or float16
   }
-  size_t GetOutputTypeCount() const { return 1; }
-  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
+    return i >= 4 ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL
+                  : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED;
+  }
+  size_t GetOutputTypeCount() const { return 3; }
+  ONNXTensorElementDataType GetOutputType(size_t i) const {
+    return i == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  }
+  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t i) const {
+    return i >= 1 ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL
+                  : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED;
+  }
 };
 
 }  // namespace
