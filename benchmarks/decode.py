@@ -264,6 +264,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--warm", action="store_true", help="keep the engine's prefix cache on (repeats hit it)"
     )
+    parser.add_argument(
+        "--speculation",
+        choices=["on", "off"],
+        default="on",
+        help="the engine's exact self-speculation (on by default where the graph allows it)",
+    )
     parser.add_argument("--skip", nargs="*", default=[], choices=SKIPPABLE)
     parser.add_argument(
         "--load", type=int, nargs="?", const=3, default=0, help="time Engine.load() N times (3)"
@@ -298,6 +304,9 @@ def main() -> None:
             r: TokenGenerator(p, threads=args.threads, prefix_cache_bytes=prefix_cache)
             for r, p in prepared.items()
         }
+        if args.speculation == "off":
+            for engine in engines.values():
+                engine.speculation = False
     tokenizer = prepared[base].load_tokenizer()
     workloads = load_workloads(tokenizer, args.workloads)
     plan = scenarios(args)
