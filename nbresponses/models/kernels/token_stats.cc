@@ -4,17 +4,18 @@
 // Why here: numpy needs eight passes over the vocabulary for the same numbers (the max, the
 // shift, a float64 exp, its sum, the log-softmax, the rank's comparison, the entropy's product
 // and its sum): ~110 us a row of 49k logits, a tenth of a scoring run's time and a row's share
-// of every step that reports logprobs. Here: ~30 us (benchmarks/README.md).
+// of every step that reports logprobs. Here: ~33 us (benchmarks/README.md).
 //
 // The numbers are numpy's definition (runtime/sampling.py's ``log_softmax``): s = x - max(x)
 // in float32; the normalizer lse = log(sum(exp(s))) with exp and sum in float64; logp =
 // s - float32(lse) in float32; the rank counts the logp strictly above the token's; the
 // entropy is -sum(p * log p) in float64 (lse - sum(exp(s) * s) / sum(exp(s))). The exp is a
-// degree-10 polynomial after range reduction (relative error < 3e-13, far under float32's
+// degree-9 polynomial after range reduction (relative error < 7e-12, far under float32's
 // rounding), each term of the sums in one fixed place (16 lane sums per pass over the row, then
 // a fixed reduction), so a row's numbers are the same bits from the AVX-512 and the AVX2 code,
-// alone or among others. exp(s) below e^-700 counts as 0 (it cannot move a float64 sum that
-// holds exp(0) = 1), which keeps every power of two normal and -inf logits harmless.
+// alone or among others. s below -700 counts as -700 (e^-700 cannot move a float64 sum that
+// holds exp(0) = 1), which keeps every power of two normal and -inf logits harmless; the tail
+// of a row is padded with -inf the same way.
 #include <immintrin.h>
 
 #include <cmath>
