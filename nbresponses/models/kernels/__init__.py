@@ -267,10 +267,10 @@ class TokenStats:
         vocab = row.shape[0]
         if row.ndim != 1 or not 0 <= token < vocab:
             raise ValueError(f"one row of logits and a token in [0, {vocab}): got {token}")
-        if logp is not None and (logp.shape != row.shape or logp.dtype != np.float32):
-            raise ValueError("logp must be a float32 array of the row's shape")
-        if logp is not None and not logp.flags.c_contiguous:
-            raise ValueError("logp must be contiguous")
+        if logp is not None and (
+            logp.shape != row.shape or logp.dtype != np.float32 or not logp.flags.c_contiguous
+        ):
+            raise ValueError("logp must be a contiguous float32 array of the row's shape")
         logprob, entropy = ctypes.c_float(), ctypes.c_double()
         rank = self._function(
             row.ctypes.data,
