@@ -235,6 +235,7 @@ def attention(
     window: int | None = None,
     stored: int | None = None,
     kernel: bool = False,
+    tables: tuple[str, str] | None = None,
 ) -> str:
     """Attention of ``q`` [B, S, heads * hd] over the buffers after writing ``k``, ``v``
     [B, S, kv * hd] (already rotated) into them; returns [B, S, heads * hd].
@@ -242,7 +243,10 @@ def attention(
     ``kernel``: computed by our ``KVAttention`` operator (``kernels``) instead of the standard
     operators below: the same writes (made by the operator: the rounding of ``write``'s Clip and
     Cast, in place), then each token reads its own columns straight from the buffers, as stored
-    (no fp32 copies, no masked columns), with the same contract.
+    (no fp32 copies, no masked columns), with the same contract. With ``kernel`` only: ``k`` and
+    ``v`` empty when ``q`` is the packed projection [B, S, (heads + 2 kv) * hd], and ``tables``
+    (cos, sin) when ``q`` and ``k`` are not rotated yet: the operator splits and rotates them as
+    ``rotary`` and a Split would (the same bits, three nodes fewer a layer).
 
     ``stored``: the buffers' ONNX element type when it is not float (``TensorProto.FLOAT16``
     only): new keys and values are rounded to it as they are written (``write``) and every
@@ -255,9 +259,10 @@ def attention(
     kv, hd = shape.kv_heads, shape.head_dim
     const = step.const
     if kernel:  # the operator writes the new keys and values itself (eight nodes fewer a layer)
+        packed = {} if k else {"kv_heads": kv}
         return g.node(
             "KVAttention",
-            [q, past[0], past[1], "position_ids", k, v],
+            [q, past[0], past[1], "position_ids", k, v, *(tables or ())],
             [f"{name}/kernel/out0", present[0], present[1]],
             name=f"{name}/kernel",
             domain=DOMAIN,
@@ -265,7 +270,10 @@ def attention(
             scale=float(scale),
             softcap=float(softcap),
             window=int(window or 0),
+            **packed,
         )[0]
+    if tables is not None or not k:
+        raise ValueError("packed heads and rotary tables are the KVAttention operator's only")
     keys, values = write(g, step, name=name, k=k, v=v, past=past, present=present, stored=stored)
     if stored is not None:  # [B, kv, W, hd] as float
         keys, values = (

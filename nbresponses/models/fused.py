@@ -725,22 +725,31 @@ class _Decoder:
 
     def ops_attention(self, i: int, qkv: str) -> str:
         """``attention.py``'s attention (or our operator's, ``kernel``): split (and norm) the
-        heads, rotate, attend."""
+        heads, rotate, attend. Our operator splits the packed heads and rotates itself."""
         g, name = self.g, f"layers.{i}"
+        kernel = self.attention_kind == "kernel"
         if self.arch.qk_norm:
             q, k, v = self.normed_heads(i, qkv)
+        elif kernel:
+            q, k, v = qkv, "", ""
         else:
             sizes = np.array([self.heads, self.kv_heads, self.kv_heads], np.int64) * self.head_dim
             split = g.weight(f"{name}.qkv_sizes", sizes)
             q, k, v = g.node("Split", [qkv, split], 3, name=f"{name}/qkv_split", axis=-1)
         table = self.rotary[i]
-        if table is not None:  # None: a layer without rotary (SmolLM3)
-            cos, sin = self.tables[table]
-            dim = self.rotary_dims[table]
+        tables = self.tables[table] if table is not None else None  # None: no rotary (SmolLM3)
+        if tables is not None and not kernel:
+            dim = self.rotary_dims[table]  # type: ignore[index]
             partial = dim if dim < self.head_dim else None
             q, k = (
                 ops_attention.rotary(
-                    g, x, heads=n, cos=cos, sin=sin, rotary_dim=partial, name=f"{name}/{t}_rotary"
+                    g,
+                    x,
+                    heads=n,
+                    cos=tables[0],
+                    sin=tables[1],
+                    rotary_dim=partial,
+                    name=f"{name}/{t}_rotary",
                 )
                 for x, n, t in ((q, self.heads, "q"), (k, self.kv_heads, "k"))
             )
@@ -757,7 +766,8 @@ class _Decoder:
             scale=self.arch.attention_scale(self.config),
             window=self.windows[i] or None,
             stored=None if self.kv_type == KV_DTYPES["float32"] else self.kv_type,
-            kernel=self.attention_kind == "kernel",
+            kernel=kernel,
+            tables=tables if kernel else None,
         )
 
     def normed_heads(self, i: int, qkv: str) -> tuple[str, str, str]:

@@ -311,3 +311,114 @@ def test_without_headers_a_library_built_here_still_loads(tmp_path, monkeypatch)
     assert not kernels.buildable()
     with pytest.raises(kernels.KernelsUnavailable, match="make kernel-deps"):
         kernels.library(tmp_path)
+
+
+def _rotating_sessions(stored: int, isa: str, hd: int, rotary_dim: int):
+    """Three graphs of one layer, 6 query heads on 2 KV heads: the projection split and rotated
+    by ONNX Runtime's Split and RotaryEmbedding before KVAttention; KVAttention given the packed
+    projection and the tables; and KVAttention given the split heads and the tables (how the
+    families with a norm on each head use it)."""
+    from helpers.operators import operator_session
+    from onnx import TensorProto, helper
+
+    B, S, W, heads, kv, P = 2, 5, 9, 6, 2, 12
+    width = (heads + 2 * kv) * hd
+    attrs = {"heads": heads, "scale": 0.3, "softcap": 0.0, "window": 0}
+    buffers = [
+        helper.make_tensor_value_info(n, stored, [B, kv, W, hd]) for n in ("past_k", "past_v")
+    ]
+    inputs = [
+        helper.make_tensor_value_info("qkv", TensorProto.FLOAT, [B, S, width]),
+        *buffers,
+        helper.make_tensor_value_info("positions", TensorProto.INT64, [B, S]),
+        helper.make_tensor_value_info("cos", TensorProto.FLOAT, ["P", rotary_dim // 2]),
+        helper.make_tensor_value_info("sin", TensorProto.FLOAT, ["P", rotary_dim // 2]),
+    ]
+    outputs = [
+        helper.make_tensor_value_info("out", TensorProto.FLOAT, [B, S, heads * hd]),
+        *(helper.make_tensor_value_info(f"present_{x}", stored, [B, kv, W, hd]) for x in "kv"),
+    ]
+    present = ["out", "present_k", "present_v"]
+    sizes = [helper.make_tensor("sizes", TensorProto.INT64, [3], [heads * hd, kv * hd, kv * hd])]
+    split = helper.make_node("Split", ["qkv", "sizes"], ["q", "k", "v"], axis=-1)
+    partial = {} if rotary_dim == hd else {"rotary_embedding_dim": rotary_dim}
+    rotations = [
+        helper.make_node(
+            "RotaryEmbedding",
+            [x, "positions", "cos", "sin"],
+            [f"{x}_rotated"],
+            domain="com.microsoft",
+            interleaved=0,
+            num_heads=n,
+            **partial,
+        )
+        for x, n in (("q", heads), ("k", kv))
+    ]
+    graph = helper.make_node(
+        "KVAttention",
+        ["q_rotated", "past_k", "past_v", "positions", "k_rotated", "v"],
+        present,
+        domain=kernels.DOMAIN,
+        **attrs,
+    )
+    packed = helper.make_node(
+        "KVAttention",
+        ["qkv", "past_k", "past_v", "positions", "", "", "cos", "sin"],
+        present,
+        domain=kernels.DOMAIN,
+        kv_heads=kv,
+        **attrs,
+    )
+    apart = helper.make_node(
+        "KVAttention",
+        ["q", "past_k", "past_v", "positions", "k", "v", "cos", "sin"],
+        present,
+        domain=kernels.DOMAIN,
+        **attrs,
+    )
+    flags = ISAS[isa]
+    return (
+        operator_session([split, *rotations, graph], inputs, outputs, sizes, flags),
+        operator_session([packed], inputs, outputs, [], flags),
+        operator_session([split, apart], inputs, outputs, sizes, flags),
+        (B, S, W, heads, kv, P, width),
+    )
+
+
+@pytest.mark.parametrize("isa", list(ISAS))
+@pytest.mark.parametrize("kv_dtype", ["float16", "float32"])
+@pytest.mark.parametrize(("hd", "rotary_dim"), [(32, 32), (24, 24), (24, 16), (32, 12)])
+def test_the_operator_splits_and_rotates_as_the_graph_does(kv_dtype, isa, hd, rotary_dim) -> None:
+    """Given the packed projection (or the split heads) and the rotary tables, the operator's
+    output and buffers are the bits of Split and RotaryEmbedding before it: full and partial
+    rotary, half widths with and without a remainder past 8 lanes; a position past the tables
+    is an error, not a read past them."""
+    from onnx import TensorProto
+
+    stored = TensorProto.FLOAT16 if kv_dtype == "float16" else TensorProto.FLOAT
+    try:
+        graph, packed, apart, (B, S, W, _, kv, P, width) = _rotating_sessions(
+            stored, isa, hd, rotary_dim
+        )
+    except kernels.KernelsUnavailable as error:
+        pytest.skip(str(error))
+    rng = np.random.default_rng(7)
+    dtype = np.dtype(kv_dtype)
+    angles = np.arange(P)[:, None] * (0.9 ** np.arange(rotary_dim // 2))[None]
+    feeds = {
+        "qkv": (rng.standard_normal((B, S, width)) * 2).astype(np.float32),
+        "past_k": rng.standard_normal((B, kv, W, hd)).astype(dtype),
+        "past_v": rng.standard_normal((B, kv, W, hd)).astype(dtype),
+        "positions": np.array([[2, 3, 4, 5, 6], [4, 5, 6, 7, 8]], np.int64),
+        "cos": np.cos(angles).astype(np.float32),
+        "sin": np.sin(angles).astype(np.float32),
+    }
+    expected = graph.run(None, feeds)
+    for session in (packed, apart):
+        got = session.run(None, feeds)
+        for a, b in zip(got, expected, strict=True):
+            np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(expected[1], feeds["past_k"])  # the columns were written
+    cut = {**feeds, "cos": feeds["cos"][:8], "sin": feeds["sin"][:8]}
+    with pytest.raises(Exception, match="rotary tables"):
+        packed.run(None, cut)

@@ -13,16 +13,21 @@
 //
 // Inputs: q [B, S, heads * head_dim] float; keys, values [B, kv_heads, W, head_dim] float or
 // float16; position_ids [B, S] int64; optional new_keys, new_values [B, S, kv_heads * head_dim]
-// float (rotated). Outputs: [B, S, heads * head_dim] float; with the new keys and values, the
-// buffers with them written (present keys, present values). Attributes: heads, scale, softcap
-// (0: none), window (0: none; else a token at p sees columns p - window + 1 .. p).
+// float; optional cos, sin [positions, rotary_dim / 2] float. Outputs: [B, S, heads * head_dim]
+// float; with new keys and values, the buffers with them written (present keys, present
+// values). Attributes: heads, scale, softcap (0: none), window (0: none; else a token at p sees
+// columns p - window + 1 .. p); optional kv_heads: q is the projection of q, k and v packed,
+// [B, S, (heads + 2 * kv_heads) * head_dim], and holds the new keys and values.
 //
 // Without new keys and values the buffers are read as given (a graph wrote them). With them,
 // each token's key and value are written at its position first, as the graph's writes did
 // (Clip to float16's range, Cast, ScatterND: one node each, eight a layer, gone): rounded to
 // nearest even when the buffers are float16 (clipped first: a NaN stays NaN), and in place
 // when the present buffers are the past ones (bound to the same memory, as the engine binds
-// them); other present buffers get a copy of the past first.
+// them); other present buffers get a copy of the past first. With cos and sin, the queries and
+// the new keys are rotated at their positions first, with the operations of ONNX Runtime's
+// RotaryEmbedding (non-interleaved; the first 2 * half dimensions), and packed heads are taken
+// apart where they lie (Split and two RotaryEmbedding nodes a layer, gone; the same bits).
 #define ORT_API_MANUAL_INIT
 #include <onnxruntime_cxx_api.h>
 
@@ -308,43 +313,99 @@ void attend(void* data, size_t index) {
   }
 }
 
-// One token's new keys or values [kv * hd] into its column of buffer [kv, W, hd] of its row.
-struct Write {
-  const float* from;  // [B, S, kv * hd]
-  void* to;           // [B, kv, W, hd]
+// A rotary embedding of one head: the first 2 * half dimensions as pairs (i, i + half) turned
+// by the position's angles, the rest copied. The operations are ONNX Runtime's RotaryEmbedding's
+// on this CPU (MLAS: real * cos - imag * sin and real * sin + imag * cos, each one fused
+// multiply-add of the other product rounded): its graph node's bits, one element at a time.
+void rotate(const float* x, float* out, const float* cos, const float* sin, int64_t half,
+            int64_t hd) {
+  int64_t i = 0;
+  for (; i + 8 <= half; i += 8) {
+    const __m256 re = _mm256_loadu_ps(x + i), im = _mm256_loadu_ps(x + i + half);
+    const __m256 c = _mm256_loadu_ps(cos + i), s = _mm256_loadu_ps(sin + i);
+    const __m256 r = _mm256_fmsub_ps(re, c, _mm256_mul_ps(im, s));
+    const __m256 m = _mm256_fmadd_ps(re, s, _mm256_mul_ps(im, c));
+    _mm256_storeu_ps(out + i, r);
+    _mm256_storeu_ps(out + i + half, m);
+  }
+  for (; i < half; ++i) {
+    const __m128 re = _mm_set_ss(x[i]), im = _mm_set_ss(x[i + half]);
+    const __m128 c = _mm_set_ss(cos[i]), s = _mm_set_ss(sin[i]);
+    const float r = _mm_cvtss_f32(_mm_fmsub_ss(re, c, _mm_mul_ss(im, s)));
+    const float m = _mm_cvtss_f32(_mm_fmadd_ss(re, s, _mm_mul_ss(im, c)));
+    out[i] = r;
+    out[i + half] = m;
+  }
+  if (out != x) std::memcpy(out + 2 * half, x + 2 * half, static_cast<size_t>(hd - 2 * half) * 4);
+}
+
+// One head's key or value [hd] into its buffer's column: as is, or rounded to float16 (nearest
+// even, clipped to its range first: a NaN stays NaN), as the graph's Clip and Cast did.
+void store_column(const float* x, void* to, int64_t offset, int64_t hd, bool half) {
+  if (!half) {
+    std::memcpy(static_cast<float*>(to) + offset, x, static_cast<size_t>(hd) * sizeof(float));
+    return;
+  }
+  uint16_t* out = static_cast<uint16_t*>(to) + offset;
+  const __m256 low = _mm256_set1_ps(-65504.f), high = _mm256_set1_ps(65504.f);
+  int64_t d = 0;
+  for (; d + 8 <= hd; d += 8) {  // max/min with the bound first: a NaN passes through
+    const __m256 v = _mm256_min_ps(high, _mm256_max_ps(low, _mm256_loadu_ps(x + d)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + d),
+                     _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  for (; d < hd; ++d) {
+    const float v = x[d] != x[d] ? x[d] : std::min(65504.f, std::max(-65504.f, x[d]));
+    out[d] = _cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
+}
+
+// A step's new tokens made ready, one token per work item: its query heads rotated into the
+// output (where the attention reads them, and overwrites each head after reading it), its keys
+// rotated and written with its values at its position of the present buffers.
+struct Tokens {
+  const float* q;  // the first token's query heads; nullptr: read in place (no rotary)
+  const float* k;  // its keys and values [kv * hd]
+  const float* v;
+  int64_t q_stride, kv_stride;  // floats from one token's to the next's
+  float* q_out;                 // [B, S, heads * hd]
+  void* keys;                   // [B, kv, W, hd]
+  void* values;
   const int64_t* positions;
-  int64_t S, kv, W, hd;
-  bool half;
+  const float* cos;  // [positions, half]; nullptr: no rotary
+  const float* sin;
+  int64_t half, S, heads, kv, W, hd;
+  bool fp16;
 };
 
-void write_token(void* data, size_t index) {
-  const auto& w = *static_cast<const Write*>(data);
-  const int64_t b = static_cast<int64_t>(index) / w.S;
-  const int64_t at = w.positions[index];
-  const float* x = w.from + static_cast<int64_t>(index) * w.kv * w.hd;
-  for (int64_t h = 0; h < w.kv; ++h, x += w.hd) {
-    const int64_t offset = ((b * w.kv + h) * w.W + at) * w.hd;
-    if (!w.half) {
-      std::memcpy(static_cast<float*>(w.to) + offset, x, static_cast<size_t>(w.hd) * sizeof(float));
-      continue;
+void prepare_token(void* data, size_t index) {
+  const auto& t = *static_cast<const Tokens*>(data);
+  const int64_t token = static_cast<int64_t>(index), b = token / t.S, at = t.positions[token];
+  const float* cos = t.cos ? t.cos + at * t.half : nullptr;
+  const float* sin = t.cos ? t.sin + at * t.half : nullptr;
+  if (t.q != nullptr) {
+    const float* x = t.q + token * t.q_stride;
+    float* out = t.q_out + token * t.heads * t.hd;
+    for (int64_t h = 0; h < t.heads; ++h, x += t.hd, out += t.hd) {
+      if (cos)
+        rotate(x, out, cos, sin, t.half, t.hd);
+      else
+        std::memcpy(out, x, static_cast<size_t>(t.hd) * sizeof(float));
     }
-    uint16_t* out = static_cast<uint16_t*>(w.to) + offset;
-    const __m256 low = _mm256_set1_ps(-65504.f), high = _mm256_set1_ps(65504.f);
-    int64_t d = 0;
-    for (; d + 8 <= w.hd; d += 8) {  // max/min with the bound first: a NaN passes through
-      const __m256 v = _mm256_min_ps(high, _mm256_max_ps(low, _mm256_loadu_ps(x + d)));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + d),
-                       _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    }
-    for (; d < w.hd; ++d) {
-      const float v = x[d] != x[d] ? x[d] : std::min(65504.f, std::max(-65504.f, x[d]));
-      out[d] = _cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    }
+  }
+  alignas(64) float rotated[kMaxHeadDim];
+  const float* k = t.k + token * t.kv_stride;
+  const float* v = t.v + token * t.kv_stride;
+  for (int64_t h = 0; h < t.kv; ++h, k += t.hd, v += t.hd) {
+    const int64_t offset = ((b * t.kv + h) * t.W + at) * t.hd;
+    if (cos) rotate(k, rotated, cos, sin, t.half, t.hd);
+    store_column(cos ? rotated : k, t.keys, offset, t.hd, t.fp16);
+    store_column(v, t.values, offset, t.hd, t.fp16);
   }
 }
 
 struct Kernel {
-  int64_t heads, window;
+  int64_t heads, window, packed_kv;
   float scale, softcap;
 
   Kernel(const OrtApi&, const OrtKernelInfo* info) {
@@ -353,6 +414,11 @@ struct Kernel {
     scale = i.GetAttribute<float>("scale");
     softcap = i.GetAttribute<float>("softcap");
     window = i.GetAttribute<int64_t>("window");
+    packed_kv = 0;  // optional: a graph with q, k and v apart does not name it
+    try {
+      packed_kv = i.GetAttribute<int64_t>("kv_heads");
+    } catch (const Ort::Exception&) {
+    }
   }
 
   template <typename T>
@@ -368,68 +434,123 @@ struct Kernel {
     ctx.ParallelFor(kernel, static_cast<size_t>(job.B * job.kv * job.blocks), 0, &job);
   }
 
-  // The new keys and values written into the present buffers (the past ones when bound to
-  // the same memory, else a copy of them); returns the present buffers.
+  static bool given(Ort::KernelContext& ctx, size_t i) {
+    return ctx.GetInputCount() > i && ctx.GetInput(i) != nullptr;
+  }
+
+  // The step's new tokens (``Tokens``) into the present buffers (the past ones when bound to
+  // the same memory, else a copy of them) and, when rotated or packed, their queries into
+  // ``q_out``; returns the present buffers.
   std::pair<const void*, const void*> write(Ort::KernelContext& ctx, const std::vector<int64_t>& qs,
-                                            const std::vector<int64_t>& ks) {
-    const auto past_k = ctx.GetInput(1), past_v = ctx.GetInput(2), ids = ctx.GetInput(3);
+                                            const std::vector<int64_t>& ks, float* q_out) {
+    const auto q = ctx.GetInput(0), past_k = ctx.GetInput(1), past_v = ctx.GetInput(2);
     const bool half =
         past_k.GetTensorTypeAndShapeInfo().GetElementType() == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
     const size_t bytes = static_cast<size_t>(ks[0] * ks[1] * ks[2] * ks[3]) * (half ? 2 : 4);
-    const std::vector<int64_t> news = {qs[0], qs[1], ks[1] * ks[3]};
-    const int64_t* positions = ids.GetTensorData<int64_t>();
-    for (int64_t i = 0; i < qs[0] * qs[1]; ++i)
-      if (positions[i] < 0 || positions[i] >= ks[2])
-        ORT_CXX_API_THROW("KVAttention: a position is outside the buffers' columns",
+    const int64_t kv = ks[1], hd = ks[3];
+    const int64_t* positions = ctx.GetInput(3).GetTensorData<int64_t>();
+    Tokens t{};
+    t.positions = positions;
+    t.S = qs[1];
+    t.heads = heads;
+    t.kv = kv;
+    t.W = ks[2];
+    t.hd = hd;
+    t.fp16 = half;
+    t.q_out = q_out;
+    if (packed_kv > 0) {  // [q heads | k heads | v heads] per token
+      t.q = q.GetTensorData<float>();
+      t.k = t.q + heads * hd;
+      t.v = t.k + kv * hd;
+      t.q_stride = t.kv_stride = (heads + 2 * kv) * hd;
+    } else {
+      const std::vector<int64_t> news = {qs[0], qs[1], kv * hd};
+      for (size_t i = 4; i < 6; ++i)
+        if (ctx.GetInput(i).GetTensorTypeAndShapeInfo().GetShape() != news)
+          ORT_CXX_API_THROW("KVAttention: new keys and values must be [B, S, kv_heads * head_dim]",
+                            ORT_INVALID_ARGUMENT);
+      t.q = given(ctx, 6) ? q.GetTensorData<float>() : nullptr;  // unrotated: read in place
+      t.q_stride = heads * hd;
+      t.k = ctx.GetInput(4).GetTensorData<float>();
+      t.v = ctx.GetInput(5).GetTensorData<float>();
+      t.kv_stride = kv * hd;
+    }
+    int64_t limit = ks[2];  // positions must have a column (and an angle, when rotated)
+    if (given(ctx, 6)) {
+      const auto cos = ctx.GetInput(6), sin = ctx.GetInput(7);
+      const auto shape = cos.GetTensorTypeAndShapeInfo().GetShape();
+      if (ctx.GetInputCount() < 8 || ctx.GetInput(7) == nullptr || shape.size() != 2 ||
+          sin.GetTensorTypeAndShapeInfo().GetShape() != shape || 2 * shape[1] > hd)
+        ORT_CXX_API_THROW("KVAttention: cos and sin must both be [positions, rotary_dim / 2] "
+                          "with rotary_dim at most head_dim",
                           ORT_INVALID_ARGUMENT);
-    const void* written[2];
+      t.cos = cos.GetTensorData<float>();
+      t.sin = sin.GetTensorData<float>();
+      t.half = shape[1];
+      limit = std::min(limit, shape[0]);
+    }
+    for (int64_t i = 0; i < qs[0] * qs[1]; ++i)
+      if (positions[i] < 0 || positions[i] >= limit)
+        ORT_CXX_API_THROW("KVAttention: a position is outside the buffers' columns or the "
+                          "rotary tables",
+                          ORT_INVALID_ARGUMENT);
+    void* to[2];
     for (int which = 0; which < 2; ++which) {
       const auto past = which == 0 ? past_k : past_v;
-      const auto fresh = ctx.GetInput(4 + which);
-      if (fresh.GetTensorTypeAndShapeInfo().GetShape() != news ||
-          past.GetTensorTypeAndShapeInfo().GetShape() != ks)
-        ORT_CXX_API_THROW("KVAttention: new keys and values must be [B, S, kv_heads * head_dim] "
-                          "and both buffers [B, kv_heads, W, head_dim]",
+      if (past.GetTensorTypeAndShapeInfo().GetShape() != ks)
+        ORT_CXX_API_THROW("KVAttention: both buffers must be [B, kv_heads, W, head_dim]",
                           ORT_INVALID_ARGUMENT);
       auto present = ctx.GetOutput(1 + which, ks);
       if (present.GetTensorTypeAndShapeInfo().GetElementType() !=
           past.GetTensorTypeAndShapeInfo().GetElementType())
         ORT_CXX_API_THROW("KVAttention: the present buffers must have the past buffers' type",
                           ORT_INVALID_ARGUMENT);
-      void* to = present.GetTensorMutableRawData();
-      if (to != past.GetTensorRawData()) std::memcpy(to, past.GetTensorRawData(), bytes);
-      Write w{fresh.GetTensorData<float>(), to, positions, qs[1], ks[1], ks[2], ks[3], half};
-      ctx.ParallelFor(write_token, static_cast<size_t>(qs[0] * qs[1]), 0, &w);
-      written[which] = to;
+      to[which] = present.GetTensorMutableRawData();
+      if (to[which] != past.GetTensorRawData()) std::memcpy(to[which], past.GetTensorRawData(), bytes);
     }
-    return {written[0], written[1]};
+    t.keys = to[0];
+    t.values = to[1];
+    ctx.ParallelFor(prepare_token, static_cast<size_t>(qs[0] * qs[1]), 0, &t);
+    return {to[0], to[1]};
   }
 
   void Compute(OrtKernelContext* context) {
     Ort::KernelContext ctx(context);
     const auto q = ctx.GetInput(0), ids = ctx.GetInput(3);
     const auto k = ctx.GetInput(1), v = ctx.GetInput(2);
-    const auto qs = q.GetTensorTypeAndShapeInfo().GetShape();  // [B, S, heads * hd]
     const auto ks = k.GetTensorTypeAndShapeInfo().GetShape();  // [B, kv, W, hd]
-    auto out = ctx.GetOutput(0, qs);
-    if (qs.size() != 3 || ks.size() != 4 || ks[0] != qs[0] || heads % ks[1] != 0 ||
-        qs[2] != heads * ks[3] || ks[3] > kMaxHeadDim)
-      ORT_CXX_API_THROW("KVAttention: q must be [B, S, heads * head_dim] and the buffers "
-                        "[B, kv_heads, W, head_dim] with heads a multiple of kv_heads and "
-                        "head_dim at most 512",
+    auto qs = q.GetTensorTypeAndShapeInfo().GetShape();        // [B, S, (heads [+ 2 kv]) * hd]
+    const int64_t kv = ks.size() == 4 ? ks[1] : 0, hd = ks.size() == 4 ? ks[3] : 0;
+    const int64_t width = packed_kv > 0 ? heads + 2 * packed_kv : heads;
+    if (qs.size() != 3 || ks.size() != 4 || ks[0] != qs[0] || kv == 0 || heads % kv != 0 ||
+        qs[2] != width * hd || hd > kMaxHeadDim || (packed_kv > 0 && packed_kv != kv))
+      ORT_CXX_API_THROW("KVAttention: q must be [B, S, heads * head_dim] (with kv_heads: q, k "
+                        "and v packed, [B, S, (heads + 2 * kv_heads) * head_dim]) and the "
+                        "buffers [B, kv_heads, W, head_dim] with heads a multiple of kv_heads "
+                        "and head_dim at most 512",
                         ORT_INVALID_ARGUMENT);
+    qs[2] = heads * hd;
+    auto out = ctx.GetOutput(0, qs);
+    const bool writes = packed_kv > 0 || given(ctx, 4);
+    if (!writes && given(ctx, 6))
+      ORT_CXX_API_THROW("KVAttention: rotary tables need the new keys (inputs 4 and 5, or q, k "
+                        "and v packed): the buffers' keys were rotated by whoever wrote them",
+                        ORT_INVALID_ARGUMENT);
+    // queries read in place, or from the output where the writes put them (rotated, unpacked)
+    const float* queries = packed_kv > 0 || given(ctx, 6) ? out.GetTensorData<float>()
+                                                          : q.GetTensorData<float>();
     std::pair<const void*, const void*> buffers = {k.GetTensorRawData(), v.GetTensorRawData()};
-    if (ctx.GetInputCount() > 4 && ctx.GetInput(4) != nullptr) buffers = write(ctx, qs, ks);
+    if (writes) buffers = write(ctx, qs, ks, out.GetTensorMutableData<float>());
     auto fill = [&](auto job) {
-      job.q = q.GetTensorData<float>();
+      job.q = queries;
       job.positions = ids.GetTensorData<int64_t>();
       job.out = out.GetTensorMutableData<float>();
       job.B = qs[0];
       job.S = qs[1];
       job.heads = heads;
-      job.kv = ks[1];
+      job.kv = kv;
       job.W = ks[2];
-      job.hd = ks[3];
+      job.hd = hd;
       job.window = window;
       job.blocks = (qs[1] + kPositions - 1) / kPositions;
       job.scale = scale;
@@ -447,7 +568,7 @@ struct Op : Ort::CustomOpBase<Op, Kernel> {
   void* CreateKernel(const OrtApi& api, const OrtKernelInfo* info) const { return new Kernel(api, info); }
   const char* GetName() const { return "KVAttention"; }
   const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
-  size_t GetInputTypeCount() const { return 6; }
+  size_t GetInputTypeCount() const { return 8; }
   ONNXTensorElementDataType GetInputType(size_t i) const {
     if (i == 0 || i >= 4) return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
     if (i == 3) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
