@@ -44,9 +44,8 @@ using namespace nbr;
 constexpr float kInv127 = static_cast<float>(1.0 / 127.0);
 constexpr int64_t kInline = 1 << 16;  // products below which one thread does them all
 constexpr int64_t kRowBlock = 48;     // rows a work item takes (a prompt's run: balance)
-constexpr int64_t kColumnBlock = 64;  // columns a work item takes
-constexpr int64_t kRows = 4;          // rows a tile takes (4 x 4 vectors: 16 sums in registers)
-constexpr int64_t kKBlock = 256;      // input channels a pass over a block's rows takes
+constexpr int64_t kColumnBlock = 96;  // columns a work item takes (six vectors of 16)
+constexpr int64_t kRows = 4;          // rows a tile takes at most
 
 struct Job {
   const float* x;
@@ -122,28 +121,32 @@ inline void dpbusd(__m512i& acc, __m512i u, __m512i s) {
   asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
 }
 
-// The groups [g0, g1) of R rows x C vectors of 16 columns (rows r0.., column vectors v0..): a
-// group's int32 sums in registers, its scaled sum added to the fp32 outputs in ``out`` (rows
-// ``kColumnBlock`` floats apart, in L1) as the group ends.
+// R rows x C vectors of 16 columns (rows r0.., column vectors v0..), whole: per group its int32
+// sums in registers, then its scaled sum added to the fp32 outputs, also in registers (no pass
+// through memory per group), then the apart channels (every element's own chain over k), added
+// to the groups' sum, stored.
 template <int R, int C>
-void groups(const Job& j, int64_t r0, int64_t v0, int64_t g0, int64_t g1, float* out) {
+void tile(const Job& j, int64_t r0, int64_t v0) {
   const int64_t quads = j.K / 4, group_quads = j.group / 4;
   const int8_t* x[R];
   for (int r = 0; r < R; ++r) x[r] = j.q + (r0 + r) * j.K;
-  for (int64_t g = g0; g < g1; ++g) {
+  const uint8_t* w[C];
+  for (int c = 0; c < C; ++c) w[c] = j.weight + (v0 + c) * quads * 64;
+  __m512 out[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) out[r][c] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < j.groups; ++g) {
     __m512i acc[R][C];
     for (int r = 0; r < R; ++r) {  // start from minus the zero point's share
       const __m512i start = _mm512_set1_epi32(-j.shares[(r0 + r) * j.groups + g]);
       for (int c = 0; c < C; ++c) acc[r][c] = start;
     }
-    const uint8_t* w[C];
-    for (int c = 0; c < C; ++c) w[c] = j.weight + ((v0 + c) * quads + g * group_quads) * 64;
-    for (int64_t t = 0; t < group_quads; ++t) {
+    for (int64_t t = g * group_quads; t < (g + 1) * group_quads; ++t) {
       __m512i wv[C];
       for (int c = 0; c < C; ++c) wv[c] = _mm512_loadu_si512(w[c] + t * 64);
       for (int r = 0; r < R; ++r) {
         int32_t four;
-        std::memcpy(&four, x[r] + g * j.group + t * 4, 4);
+        std::memcpy(&four, x[r] + t * 4, 4);
         const __m512i xb = _mm512_set1_epi32(four);
         for (int c = 0; c < C; ++c) dpbusd(acc[r][c], wv[c], xb);
       }
@@ -152,17 +155,10 @@ void groups(const Job& j, int64_t r0, int64_t v0, int64_t g0, int64_t g1, float*
       const __m512 ws = _mm512_loadu_ps(j.scales + g * j.N16 + (v0 + c) * 16);
       for (int r = 0; r < R; ++r) {
         const __m512 s = _mm512_mul_ps(_mm512_set1_ps(j.row_scale[(r0 + r) * j.groups + g]), ws);
-        float* o = out + r * kColumnBlock + c * 16;
-        _mm512_store_ps(o, _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][c]), s, _mm512_load_ps(o)));
+        out[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][c]), s, out[r][c]);
       }
     }
   }
-}
-
-// R rows x C vectors done: the apart channels (every element's own chain over k, the tile's
-// chains interleaved), added to the groups' sum, stored.
-template <int R, int C>
-void finish(const Job& j, int64_t r0, int64_t v0, const float* out) {
   __m512 a[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) a[r][c] = _mm512_setzero_ps();
@@ -176,7 +172,7 @@ void finish(const Job& j, int64_t r0, int64_t v0, const float* out) {
   }
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) {
-      const __m512 o = _mm512_add_ps(_mm512_load_ps(out + r * kColumnBlock + c * 16), a[r][c]);
+      const __m512 o = _mm512_add_ps(out[r][c], a[r][c]);
       const int64_t column = (v0 + c) * 16;
       float* dst = j.out + (r0 + r) * j.N + column;
       if (column + 16 <= j.N) {
@@ -187,20 +183,19 @@ void finish(const Job& j, int64_t r0, int64_t v0, const float* out) {
     }
 }
 
-// A tile of ``count`` rows (up to kRows) by C vectors: the groups [g0, g1), or (g0 < 0) done.
 template <int C>
-void tile(const Job& j, int64_t r0, int64_t count, int64_t v0, int64_t g0, int64_t g1, float* out) {
+void rows_tile(const Job& j, int64_t r0, int64_t count, int64_t v0) {
   switch (count) {
-    case 1: g0 < 0 ? finish<1, C>(j, r0, v0, out) : groups<1, C>(j, r0, v0, g0, g1, out); break;
-    case 2: g0 < 0 ? finish<2, C>(j, r0, v0, out) : groups<2, C>(j, r0, v0, g0, g1, out); break;
-    case 3: g0 < 0 ? finish<3, C>(j, r0, v0, out) : groups<3, C>(j, r0, v0, g0, g1, out); break;
-    default: g0 < 0 ? finish<4, C>(j, r0, v0, out) : groups<4, C>(j, r0, v0, g0, g1, out);
+    case 1: tile<1, C>(j, r0, v0); break;
+    case 2: tile<2, C>(j, r0, v0); break;
+    case 3: tile<3, C>(j, r0, v0); break;
+    default: tile<4, C>(j, r0, v0);
   }
 }
 
-// One block of rows and columns, the groups a K block at a time (its weights, kKBlock channels
-// by 64 columns, stay in L1 while every row of the block passes), in tiles of four rows by four
-// vectors; each element's chain still takes the groups in order.
+// One block of rows and columns in tiles: four or three rows by three vectors, or (a step's
+// few rows) one or two rows by six, so that at least six chains of vpdpbusd are in flight
+// (its latency) and the sums, outputs and weights fit the 32 registers. Each tile all of K.
 void product(void* data, size_t index) {
   const auto& j = *static_cast<const Job*>(data);
   const int64_t rb = static_cast<int64_t>(index) / j.column_blocks;
@@ -208,30 +203,26 @@ void product(void* data, size_t index) {
   const int64_t row_begin = rb * kRowBlock, row_end = std::min(j.rows, row_begin + kRowBlock);
   const int64_t v_begin = cb * (kColumnBlock / 16);
   const int64_t v_end = std::min(j.N16 / 16, v_begin + kColumnBlock / 16);
-  alignas(64) float out[kRowBlock * kColumnBlock];
-  std::fill(out, out + (row_end - row_begin) * kColumnBlock, 0.f);
-  const int64_t step = std::max<int64_t>(1, kKBlock / j.group);
-  for (int64_t g0 = 0; g0 < j.groups + step; g0 += step) {  // the last pass: finish
-    const int64_t first = g0 < j.groups ? g0 : -1, g1 = std::min(j.groups, g0 + step);
-    for (int64_t r0 = row_begin; r0 < row_end; r0 += kRows) {
-      const int64_t count = std::min<int64_t>(kRows, row_end - r0);
-      for (int64_t v = v_begin; v < v_end;) {
-        float* o = out + (r0 - row_begin) * kColumnBlock + (v - v_begin) * 16;
-        if (v + 4 <= v_end) {
-          tile<4>(j, r0, count, v, first, g1, o);
-          v += 4;
-        } else if (v + 2 <= v_end) {
-          tile<2>(j, r0, count, v, first, g1, o);
-          v += 2;
-        } else {
-          tile<1>(j, r0, count, v, first, g1, o);
-          v += 1;
-        }
+  for (int64_t r0 = row_begin; r0 < row_end; r0 += kRows) {
+    const int64_t count = std::min<int64_t>(kRows, row_end - r0);
+    for (int64_t v = v_begin; v < v_end;) {
+      if (count <= 2 && v + 6 <= v_end) {
+        count == 1 ? tile<1, 6>(j, r0, v) : tile<2, 6>(j, r0, v);
+        v += 6;
+      } else if (v + 3 <= v_end) {
+        rows_tile<3>(j, r0, count, v);
+        v += 3;
+      } else if (v + 2 <= v_end) {
+        rows_tile<2>(j, r0, count, v);
+        v += 2;
+      } else {
+        rows_tile<1>(j, r0, count, v);
+        v += 1;
       }
     }
-    if (first < 0) break;
   }
 }
+
 #else
 // Without VNNI: the same sums (exact integers) and the same chain of fp32 operations per
 // element, one column at a time.
