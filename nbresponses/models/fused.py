@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 
@@ -163,6 +163,22 @@ class _Graph:
         so one place decides how weights are stored (fp32 here; quantized by subclasses).
         ``peaks``: max |x| of each input channel on calibration text, where measured."""
         return self.node("MatMul", [x, self.weight(name + ".weight", weight)], name=name)[0]
+
+    def linear_halves(
+        self,
+        x: str,
+        weight: np.ndarray,
+        *,
+        name: str,
+        split: str,
+        peaks: np.ndarray | None = None,
+    ) -> tuple[str, str]:
+        """``x @ weight``'s first and second halves of columns (the MLP's gate and up): the
+        product, then a Split named ``split``; subclasses whose product can write the halves
+        apart skip the Split (its copy of every row)."""
+        out = self.linear(x, weight, name=name, peaks=peaks)
+        first, second = self.node("Split", [out], 2, name=split, axis=-1, num_outputs=2)
+        return first, second
 
     def rows(self, source: str) -> None:
         """The products that follow read rows shaped like ``source``'s (every axis but the last):
@@ -409,6 +425,23 @@ class _IntegerGraph(_NBitsGraph):
         )[0]
         return self.node("Add", [rest_out, outliers], [f"{name}/out0"], name=name)[0]
 
+    def linear_halves(
+        self,
+        x: str,
+        weight: np.ndarray,
+        *,
+        name: str,
+        split: str,
+        peaks: np.ndarray | None = None,
+    ) -> tuple[str, str]:
+        """A grouped product writes the two halves itself when they part at a 16-column vector
+        (``GroupProduct``'s ``split``): the same numbers, no Split copying every row."""
+        k, n = weight.shape
+        if name.endswith(self.grouped) and k % self.group == 0 and n % 32 == 0:
+            first, second = self._group_product(x, weight, peaks, name=name, halves=True)
+            return first, second
+        return super().linear_halves(x, weight, name=name, split=split, peaks=peaks)
+
     def _apart(self, weight: np.ndarray, peaks: np.ndarray | None) -> np.ndarray:
         """The input channels kept apart in fp32: the ``outliers`` with the largest calibrated
         peaks, in channel order (none without peaks or for too narrow an input)."""
@@ -416,13 +449,42 @@ class _IntegerGraph(_NBitsGraph):
             return np.zeros(0, np.int64)
         return np.sort(np.argsort(-np.asarray(peaks), kind="stable")[: self.outliers])
 
+    @overload
     def _group_product(
-        self, x: str, weight: np.ndarray, peaks: np.ndarray | None, *, name: str
-    ) -> str:
+        self,
+        x: str,
+        weight: np.ndarray,
+        peaks: np.ndarray | None,
+        *,
+        name: str,
+        halves: Literal[False] = False,
+    ) -> str: ...
+
+    @overload
+    def _group_product(
+        self,
+        x: str,
+        weight: np.ndarray,
+        peaks: np.ndarray | None,
+        *,
+        name: str,
+        halves: Literal[True],
+    ) -> tuple[str, str]: ...
+
+    def _group_product(
+        self,
+        x: str,
+        weight: np.ndarray,
+        peaks: np.ndarray | None,
+        *,
+        name: str,
+        halves: bool = False,
+    ) -> str | tuple[str, str]:
         """``x @ weight`` as one ``GroupProduct`` node (``kernels/group_product.cc`` documents
         its inputs): per ``group`` input channels and output column, a symmetric int8 scale
         (the apart channels' rows zeroed: they multiply in fp32), and the weights plus 128
-        packed as vpdpbusd reads them, 16 columns by 4 channels a 64-byte run."""
+        packed as vpdpbusd reads them, 16 columns by 4 channels a 64-byte run. ``halves``: the
+        first and second halves of the columns as two outputs."""
         k, n = weight.shape
         apart = self._apart(weight, peaks)
         padded = -(-n // 16) * 16
@@ -440,7 +502,7 @@ class _IntegerGraph(_NBitsGraph):
         q = work.astype(np.uint8)
         del work, grouped
         packed = q.reshape(k // 4, 4, padded // 16, 16).transpose(2, 0, 3, 1)
-        return self.node(
+        outputs = self.node(
             "GroupProduct",
             [
                 x,
@@ -452,12 +514,14 @@ class _IntegerGraph(_NBitsGraph):
                     outlier_rows.reshape(len(apart), padded // 16, 16).transpose(1, 0, 2),
                 ),
             ],
-            [f"{name}/out0"],
+            [f"{name}/out0", f"{name}/out1"] if halves else [f"{name}/out0"],
             name=name,
             domain=DOMAIN,
             group=self.group,
             columns=n,
-        )[0]
+            **({"split": n // 2} if halves else {}),
+        )
+        return (outputs[0], outputs[1]) if halves else outputs[0]
 
     def _quantize_rows(self, x: str, width: int, *, name: str) -> tuple[str, str]:
         """(uint8 rows, their scales [..., 1]) of ``x`` (rows of ``width``): per row, scale =
@@ -656,15 +720,27 @@ class _Decoder:
         tied = "lm_head.weight" not in self.w
         return self.w["model.embed_tokens.weight" if tied else "lm_head.weight"].T
 
-    def linear(self, x: str, linear: str, weight: np.ndarray) -> str:
-        """``x @ weight`` through the graph, smoothed when asked: the weight's rows times the
-        factor (its input's channels were divided by it), the calibrated peaks divided."""
+    def smoothed(self, linear: str, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """``linear``'s weight and calibrated peaks as the graph takes them, smoothed when
+        asked: the weight's rows times the factor (its input's channels were divided by it),
+        the peaks divided (None: not smoothed, no peaks)."""
         factor = self.factor(linear)
         if factor is None or self.smoothing is None:
-            return self.g.linear(x, weight, name=linear)
+            return weight, None
         smoothed = np.multiply(weight, factor[:, None], dtype=np.float32)
-        peaks = np.asarray(self.smoothing.peaks[linear], np.float32) / factor
-        return self.g.linear(x, smoothed, name=linear, peaks=peaks)
+        return smoothed, np.asarray(self.smoothing.peaks[linear], np.float32) / factor
+
+    def linear(self, x: str, linear: str, weight: np.ndarray) -> str:
+        """``x @ weight`` through the graph (``smoothed``)."""
+        weight, peaks = self.smoothed(linear, weight)
+        return self.g.linear(x, weight, name=linear, peaks=peaks)
+
+    def linear_halves(
+        self, x: str, linear: str, weight: np.ndarray, *, split: str
+    ) -> tuple[str, str]:
+        """``linear``'s two halves of columns (``_Graph.linear_halves``), ``smoothed``."""
+        weight, peaks = self.smoothed(linear, weight)
+        return self.g.linear_halves(x, weight, name=linear, split=split, peaks=peaks)
 
     def norm(self, x: str, gamma: str, *, name: str) -> str:
         return self.g.node(
@@ -789,8 +865,9 @@ class _Decoder:
 
     def mlp(self, i: int, x: str) -> str:
         g, name = self.g, f"layers.{i}"
-        gate_up = self.linear(x, f"{name}/gate_up", self.gate_up_weight(i))
-        gate, up = g.node("Split", [gate_up], 2, name=f"{name}/split", axis=-1, num_outputs=2)
+        gate, up = self.linear_halves(
+            x, f"{name}/gate_up", self.gate_up_weight(i), split=f"{name}/split"
+        )
         if self.arch.activation == "silu":  # QuickGelu with alpha 1 is x * sigmoid(x)
             act = g.node(
                 "QuickGelu", [gate], name=f"{name}/silu", domain="com.microsoft", alpha=1.0

@@ -126,6 +126,51 @@ def test_a_row_is_the_same_bits_alone_batched_and_without_vnni(k, n, group) -> N
     assert np.array_equal(plain, whole)
 
 
+def _halves_session(weight: np.ndarray, peaks: np.ndarray, group: int, flags=()):
+    """The grouped product writing the two halves of its columns as two outputs, as the fused
+    builder gives the MLP's gate and up (``linear_halves``)."""
+    g = fused._IntegerGraph(outliers=16, quantizer="kernel", grouped=("/gate_up",), group=group)
+    first, second = g.linear_halves("x", weight, name="layers.0/gate_up", split="s", peaks=peaks)
+    assert [node.op_type for node in g.nodes] == ["GroupProduct"]  # no Split
+    half = weight.shape[1] // 2
+    return operator_session(
+        g.nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", "k"])],
+        [
+            helper.make_tensor_value_info(name, TensorProto.FLOAT, ["b", "s", half])
+            for name in (first, second)
+        ],
+        g.initializers,
+        flags,
+    )
+
+
+@pytest.mark.parametrize("isa", list(ISAS))
+@pytest.mark.parametrize("k,n", [(576, 3072), (128, 96), (256, 32)])
+def test_the_halves_are_the_products_columns(k, n, isa) -> None:
+    """Gate and up written apart: the two outputs are the single output's two halves, bit for
+    bit, for one row and a prompt's run (tiles of six vectors and of three, halves that part
+    inside a tile)."""
+    _library(ISAS[isa])
+    weight, peaks = _case(k, n, seed=6)
+    apart = np.sort(np.argsort(-peaks, kind="stable")[:16])
+    whole_session = _session(weight, peaks, 64, ISAS[isa])
+    halves = _halves_session(weight, peaks, 64, ISAS[isa])
+    rows = _rows(k, apart, shape=(3, 75), seed=7)
+    for x in (rows[:1, :1], rows[:1, :2], rows[:2]):
+        whole = whole_session.run(None, {"x": x})[0]
+        first, second = halves.run(None, {"x": x})
+        np.testing.assert_array_equal(first, whole[..., : n // 2])
+        np.testing.assert_array_equal(second, whole[..., n // 2 :])
+
+
+def test_halves_that_part_inside_a_vector_keep_the_split() -> None:
+    g = fused._IntegerGraph(outliers=16, quantizer="kernel", grouped=("/gate_up",), group=64)
+    weight, peaks = _case(128, 48, seed=8)  # halves of 24 columns
+    g.linear_halves("x", weight, name="layers.0/gate_up", split="s", peaks=peaks)
+    assert [node.op_type for node in g.nodes] == ["GroupProduct", "Split"]
+
+
 def test_without_outliers_and_without_peaks() -> None:
     _library(())
     weight, _ = _case(256, 48, seed=4)

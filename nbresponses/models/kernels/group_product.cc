@@ -25,7 +25,9 @@
 // together; scales float [K / group, N16]; apart_weight float [N16 / 16, n, 16] (the apart
 // channels' fp32 weight rows, 16 columns at a time: a tile reads them in one run, not n rows
 // a whole row of columns apart, which one-row steps waited on). Attributes: group (a
-// multiple of 4 dividing K), columns (N). Output [..., N] float.
+// multiple of 4 dividing K), columns (N), optional split (a multiple of 16 below N). Output
+// [..., N] float; with split, two: the columns before split and those from it on (the MLP's
+// gate and up, written apart rather than copied apart by a Split after the product).
 #define ORT_API_MANUAL_INIT
 #include <onnxruntime_cxx_api.h>
 
@@ -58,8 +60,19 @@ struct Job {
   float* row_scale;   // [rows, groups]
   int32_t* shares;    // [rows, groups]: 128 times the sum of the group's int8 values
   float* picked;   // [rows, n]
-  float* out;
-  int64_t rows, K, N, N16, n, group, groups, row_blocks, column_blocks;
+  float* out;      // [rows, split]: the columns before split (none when split is 0)
+  float* second;  // [rows, N - split]: the columns from split on
+  int64_t rows, K, N, N16, n, group, groups, row_blocks, column_blocks, split;
+
+  // where column ``column`` of ``row`` goes, and how many columns its output has from there
+  float* at(int64_t row, int64_t column, int64_t* left) const {
+    if (column < split) {
+      *left = split - column;
+      return out + row * split + column;
+    }
+    *left = N - column;
+    return second + row * (N - split) + column - split;
+  }
 };
 
 // One row: per group, scale = max |x| over the group's channels not apart times 1/127, and
@@ -173,12 +186,12 @@ void tile(const Job& j, int64_t r0, int64_t v0) {
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) {
       const __m512 o = _mm512_add_ps(out[r][c], a[r][c]);
-      const int64_t column = (v0 + c) * 16;
-      float* dst = j.out + (r0 + r) * j.N + column;
-      if (column + 16 <= j.N) {
+      int64_t left;
+      float* dst = j.at(r0 + r, (v0 + c) * 16, &left);
+      if (left >= 16) {
         _mm512_storeu_ps(dst, o);
       } else {
-        _mm512_mask_storeu_ps(dst, static_cast<__mmask16>((1u << (j.N - column)) - 1), o);
+        _mm512_mask_storeu_ps(dst, static_cast<__mmask16>((1u << left) - 1), o);
       }
     }
 }
@@ -247,19 +260,25 @@ void product(void* data, size_t index) {
       float acc = 0.f;
       for (int64_t k = 0; k < j.n; ++k)
         acc = std::fma(j.picked[row * j.n + k], j.apart_weight[((column / 16) * j.n + k) * 16 + column % 16], acc);
-      j.out[row * j.N + column] = out + acc;
+      int64_t left;
+      *j.at(row, column, &left) = out + acc;
     }
   }
 }
 #endif
 
 struct Kernel {
-  int64_t group, columns;
+  int64_t group, columns, split;
 
   Kernel(const OrtApi&, const OrtKernelInfo* info) {
     Ort::ConstKernelInfo i(info);
     group = i.GetAttribute<int64_t>("group");
     columns = i.GetAttribute<int64_t>("columns");
+    split = 0;  // optional: a graph with one output does not name it
+    try {
+      split = i.GetAttribute<int64_t>("split");
+    } catch (const Ort::Exception&) {
+    }
   }
 
   void Compute(OrtKernelContext* context) {
@@ -275,10 +294,11 @@ struct Kernel {
     if (shape.empty() || group <= 0 || group % 4 != 0 || K % group != 0 || ws.size() != 3 ||
         ws[0] != N16 / 16 || ws[1] != K / 4 || ws[2] != 64 || ss.size() != 2 ||
         ss[0] != K / group || ss[1] != N16 || as.size() != 3 || as[0] != N16 / 16 ||
-        as[1] != n || as[2] != 16)
+        as[1] != n || as[2] != 16 || split < 0 || split % 16 != 0 || split >= columns)
       ORT_CXX_API_THROW("GroupProduct: x [..., K] with K a multiple of group (a multiple of 4), "
                         "weight [N16 / 16, K / 4, 64], scales [K / group, N16], "
-                        "apart_weight [N16 / 16, n, 16] (N16: columns rounded up to 16)",
+                        "apart_weight [N16 / 16, n, 16] (N16: columns rounded up to 16), "
+                        "split a multiple of 16 below columns",
                         ORT_INVALID_ARGUMENT);
     const int64_t* channels = apart.GetTensorData<int64_t>();
     std::vector<float> keep(static_cast<size_t>(K), 1.f);
@@ -289,8 +309,13 @@ struct Kernel {
       keep[static_cast<size_t>(channels[i])] = 0.f;
     }
     const int64_t rows = K ? static_cast<int64_t>(x.GetTensorTypeAndShapeInfo().GetElementCount()) / K : 0;
-    shape.back() = columns;
-    auto out = ctx.GetOutput(0, shape);
+    shape.back() = split > 0 ? split : columns;
+    float* first = ctx.GetOutput(0, shape).GetTensorMutableData<float>();
+    float* second = first;
+    if (split > 0) {
+      shape.back() = columns - split;
+      second = ctx.GetOutput(1, shape).GetTensorMutableData<float>();
+    }
     if (rows == 0) return;
     std::vector<int8_t> q(static_cast<size_t>(rows * K));
     std::vector<float> row_scale(static_cast<size_t>(rows * (K / group)));
@@ -298,9 +323,9 @@ struct Kernel {
     std::vector<float> picked(static_cast<size_t>(rows * n));
     Job j{x.GetTensorData<float>(), channels, keep.data(), weight.GetTensorData<uint8_t>(),
           scales.GetTensorData<float>(), apart_weight.GetTensorData<float>(), q.data(),
-          row_scale.data(), shares.data(), picked.data(),
-          out.GetTensorMutableData<float>(), rows, K, columns, N16, n, group, K / group,
-          (rows + kRowBlock - 1) / kRowBlock, (columns + kColumnBlock - 1) / kColumnBlock};
+          row_scale.data(), shares.data(), picked.data(), first, second, rows, K, columns, N16,
+          n, group, K / group, (rows + kRowBlock - 1) / kRowBlock,
+          (columns + kColumnBlock - 1) / kColumnBlock, split};
     const int64_t items = j.row_blocks * j.column_blocks;
     if (rows * K < kInline) {
       for (int64_t row = 0; row < rows; ++row) quantize_row(&j, static_cast<size_t>(row));
@@ -327,8 +352,12 @@ struct Op : Ort::CustomOpBase<Op, Kernel> {
       default: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
     }
   }
-  size_t GetOutputTypeCount() const { return 1; }
+  size_t GetOutputTypeCount() const { return 2; }
   ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t i) const {
+    return i >= 1 ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL
+                  : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED;
+  }
 };
 
 }  // namespace
