@@ -174,11 +174,21 @@ class _Graph:
         peaks: np.ndarray | None = None,
     ) -> tuple[str, str]:
         """``x @ weight``'s first and second halves of columns (the MLP's gate and up): the
-        product, then a Split named ``split``; subclasses whose product can write the halves
-        apart skip the Split (its copy of every row)."""
+        product, then a Split named ``split``, unless the product writes them apart itself
+        (``_halves_apart``: no Split copying every row)."""
+        apart = self._halves_apart(x, weight, name, peaks)
+        if apart is not None:
+            return apart
         out = self.linear(x, weight, name=name, peaks=peaks)
         first, second = self.node("Split", [out], 2, name=split, axis=-1, num_outputs=2)
         return first, second
+
+    def _halves_apart(
+        self, x: str, weight: np.ndarray, name: str, peaks: np.ndarray | None
+    ) -> tuple[str, str] | None:
+        """The two halves as the product's own two outputs, where a subclass's product can
+        write them (None: not in this graph)."""
+        return None
 
     def rows(self, source: str) -> None:
         """The products that follow read rows shaped like ``source``'s (every axis but the last):
@@ -425,22 +435,15 @@ class _IntegerGraph(_NBitsGraph):
         )[0]
         return self.node("Add", [rest_out, outliers], [f"{name}/out0"], name=name)[0]
 
-    def linear_halves(
-        self,
-        x: str,
-        weight: np.ndarray,
-        *,
-        name: str,
-        split: str,
-        peaks: np.ndarray | None = None,
-    ) -> tuple[str, str]:
+    def _halves_apart(
+        self, x: str, weight: np.ndarray, name: str, peaks: np.ndarray | None
+    ) -> tuple[str, str] | None:
         """A grouped product writes the two halves itself when they part at a 16-column vector
-        (``GroupProduct``'s ``split``): the same numbers, no Split copying every row."""
+        (``GroupProduct``'s ``split``): the same numbers."""
         k, n = weight.shape
         if name.endswith(self.grouped) and k % self.group == 0 and n % 32 == 0:
-            first, second = self._group_product(x, weight, peaks, name=name, halves=True)
-            return first, second
-        return super().linear_halves(x, weight, name=name, split=split, peaks=peaks)
+            return self._group_product(x, weight, peaks, name=name, halves=True)
+        return None
 
     def _apart(self, weight: np.ndarray, peaks: np.ndarray | None) -> np.ndarray:
         """The input channels kept apart in fp32: the ``outliers`` with the largest calibrated
