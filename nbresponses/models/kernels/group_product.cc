@@ -134,12 +134,13 @@ inline void dpbusd(__m512i& acc, __m512i u, __m512i s) {
   asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
 }
 
-// R rows x C vectors of 16 columns (rows r0.., column vectors v0..), whole: per group its int32
+// R rows x C vectors of 16 columns (rows r0.., column vectors v0..), whole (``next``: weights
+// to prefetch into L2 as it goes, C vectors' worth, or nullptr): per group its int32
 // sums in registers, then its scaled sum added to the fp32 outputs, also in registers (no pass
 // through memory per group), then the apart channels (every element's own chain over k), added
 // to the groups' sum, stored.
 template <int R, int C>
-void tile(const Job& j, int64_t r0, int64_t v0) {
+void tile(const Job& j, int64_t r0, int64_t v0, const uint8_t* next) {
   const int64_t quads = j.K / 4, group_quads = j.group / 4;
   const int8_t* x[R];
   for (int r = 0; r < R; ++r) x[r] = j.q + (r0 + r) * j.K;
@@ -156,6 +157,9 @@ void tile(const Job& j, int64_t r0, int64_t v0) {
     }
     for (int64_t t = g * group_quads; t < (g + 1) * group_quads; ++t) {
       __m512i wv[C];
+      if (next != nullptr)
+        for (int c = 0; c < C; ++c)
+          _mm_prefetch(reinterpret_cast<const char*>(next + (c * quads + t) * 64), _MM_HINT_T1);
       for (int c = 0; c < C; ++c) wv[c] = _mm512_loadu_si512(w[c] + t * 64);
       for (int r = 0; r < R; ++r) {
         int32_t four;
@@ -197,18 +201,22 @@ void tile(const Job& j, int64_t r0, int64_t v0) {
 }
 
 template <int C>
-void rows_tile(const Job& j, int64_t r0, int64_t count, int64_t v0) {
+void rows_tile(const Job& j, int64_t r0, int64_t count, int64_t v0, const uint8_t* next) {
   switch (count) {
-    case 1: tile<1, C>(j, r0, v0); break;
-    case 2: tile<2, C>(j, r0, v0); break;
-    case 3: tile<3, C>(j, r0, v0); break;
-    default: tile<4, C>(j, r0, v0);
+    case 1: tile<1, C>(j, r0, v0, next); break;
+    case 2: tile<2, C>(j, r0, v0, next); break;
+    case 3: tile<3, C>(j, r0, v0, next); break;
+    default: tile<4, C>(j, r0, v0, next);
   }
 }
 
 // One block of rows and columns in tiles: four or three rows by three vectors, or (a step's
 // few rows) one or two rows by six, so that at least six chains of vpdpbusd are in flight
-// (its latency) and the sums, outputs and weights fit the 32 registers. Each tile all of K.
+// (its latency) and the sums, outputs and weights fit the 32 registers. Each tile all of K;
+// a column tile's rows one tile after another, so that its weights come from memory once, and
+// while the rows after the first read them from L1, the next tile's weights are prefetched into
+// L2 (a step of 16 rows otherwise waited on memory for its first rows and computed the others
+// with the memory idle: benchmarks/README.md).
 void product(void* data, size_t index) {
   const auto& j = *static_cast<const Job*>(data);
   const int64_t rb = static_cast<int64_t>(index) / j.column_blocks;
@@ -216,26 +224,28 @@ void product(void* data, size_t index) {
   const int64_t row_begin = rb * kRowBlock, row_end = std::min(j.rows, row_begin + kRowBlock);
   const int64_t v_begin = cb * (kColumnBlock / 16);
   const int64_t v_end = std::min(j.N16 / 16, v_begin + kColumnBlock / 16);
-  for (int64_t r0 = row_begin; r0 < row_end; r0 += kRows) {
-    const int64_t count = std::min<int64_t>(kRows, row_end - r0);
-    for (int64_t v = v_begin; v < v_end;) {
-      if (count <= 2 && v + 6 <= v_end) {
-        count == 1 ? tile<1, 6>(j, r0, v) : tile<2, 6>(j, r0, v);
-        v += 6;
-      } else if (v + 3 <= v_end) {
-        rows_tile<3>(j, r0, count, v);
-        v += 3;
-      } else if (v + 2 <= v_end) {
-        rows_tile<2>(j, r0, count, v);
-        v += 2;
+  const int64_t quads = j.K / 4, vectors = j.N16 / 16;
+  for (int64_t v = v_begin; v < v_end;) {
+    const int64_t wide =
+        row_end - row_begin <= 2 && v + 6 <= v_end ? 6 : std::min<int64_t>(3, v_end - v);
+    // the weights after this tile's: the next tile's, or the next block's
+    const uint8_t* after = v + wide < vectors ? j.weight + (v + wide) * quads * 64 : nullptr;
+    for (int64_t r0 = row_begin; r0 < row_end; r0 += kRows) {
+      const int64_t count = std::min<int64_t>(kRows, row_end - r0);
+      const uint8_t* next = r0 > row_begin ? after : nullptr;
+      if (wide == 6) {
+        count == 1 ? tile<1, 6>(j, r0, v, next) : tile<2, 6>(j, r0, v, next);
+      } else if (wide == 3) {
+        rows_tile<3>(j, r0, count, v, next);
+      } else if (wide == 2) {
+        rows_tile<2>(j, r0, count, v, next);
       } else {
-        rows_tile<1>(j, r0, count, v);
-        v += 1;
+        rows_tile<1>(j, r0, count, v, next);
       }
     }
+    v += wide;
   }
 }
-
 #else
 // Without VNNI: the same sums (exact integers) and the same chain of fp32 operations per
 // element, one column at a time.
