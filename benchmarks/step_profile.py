@@ -37,6 +37,7 @@ import numpy as np
 import onnxruntime as ort
 from workloads import load_workloads
 
+from nbresponses.models import kernels
 from nbresponses.models.prepare import prepare_model
 from nbresponses.runtime import generator as generator_module
 from nbresponses.runtime import sampling
@@ -220,7 +221,7 @@ def ort_profile(runner_path: Path, threads: int | None, batch: int, keys: int, s
     """(nodes per step, {op type: ms per step}, wall ms per step) from ONNX Runtime's profiler."""
     runner = OnnxRunner(runner_path, threads=threads)
     with tempfile.TemporaryDirectory() as folder:
-        options = session_options(threads)
+        options = kernels.for_model(session_options(threads), runner_path)  # our operators
         options.enable_profiling = True
         options.profile_file_prefix = os.path.join(folder, "ort")
         runner.session = ort.InferenceSession(
