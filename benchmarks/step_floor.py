@@ -94,7 +94,7 @@ def main() -> None:
     prepared = prepare_model(None, args.recipe, progress=False)
     runner = OnnxRunner(prepared.onnx_path)
     layout = runner.layout
-    kv = EndPaddedKV(layout, reads_every_column=runner.exact_steps)
+    kv = EndPaddedKV(layout, reads_every_column=runner.reads_every_column)
     shape = (layout.kv_heads, args.keys, layout.head_dim)
     kv.add_rows([[np.zeros(shape, layout.dtype) for _ in layout.past_names]])
 

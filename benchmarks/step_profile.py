@@ -228,7 +228,7 @@ def ort_profile(runner_path: Path, threads: int | None, batch: int, keys: int, s
             str(runner_path), options, providers=["CPUExecutionProvider"]
         )
         layout = runner.layout
-        kv = EndPaddedKV(layout, reads_every_column=runner.exact_steps)
+        kv = EndPaddedKV(layout, reads_every_column=runner.reads_every_column)
         shape = (layout.kv_heads, keys, layout.head_dim)
         kv.add_rows([[np.zeros(shape, layout.dtype) for _ in layout.past_names]] * batch)
         for _ in range(3):  # warm-up, then cut from the profile below

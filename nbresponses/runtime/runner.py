@@ -75,6 +75,12 @@ class OnnxRunner:
         # computed by decode steps equal to what a prefill computes. Every run binds the KV
         # buffers in place; the past buffers must have room for the new tokens.
         self.exact_steps = layout == SCATTER_IN_PLACE
+        # ... and of those, the ones whose attention is the standard operators' read every
+        # column of the buffers in every step (our KVAttention reads a token's own columns):
+        # spare columns cost them time, so their buffers keep fewer (``kv.SCATTER_HEADROOM``)
+        self.reads_every_column = self.exact_steps and not kernels.uses_kernels(
+            self.model_path, "KVAttention"
+        )
         # Fused graphs say how many positions their rotary tables cover (long-rope models stop
         # at the original context, where they are exact): the engine's context stops there too.
         self.max_positions = int(metadata[MAX_POSITIONS]) if MAX_POSITIONS in metadata else None

@@ -156,7 +156,7 @@ class Scheduler:
         self.prefix_cache = prefix_cache
         self.kv: DecodingRows
         if runner.kv_in_place:
-            self.kv = EndPaddedKV(runner.layout, reads_every_column=runner.exact_steps)
+            self.kv = EndPaddedKV(runner.layout, reads_every_column=runner.reads_every_column)
         else:
             self.kv = SeparateKV(runner.layout)
         self.speculation = runner.exact_steps  # verify drafted tokens in a step (below)

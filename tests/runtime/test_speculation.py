@@ -104,6 +104,7 @@ async def test_speculation_gives_plain_decoding_bits(tiny_fused, tokenizer, monk
     prompts = [chat_ids(tokenizer, text) for text in PROMPTS[:3]]
     async with TokenGenerator(tiny_fused, tokenizer=tokenizer, prefix_cache_bytes=0) as engine:
         assert engine.runner.exact_steps
+        assert engine.runner.reads_every_column  # the standard operators' attention
         engine.speculation = False
         plain = [(await _steps(engine, p, params))[0] for p in prompts]
         _Oracle.answers = {

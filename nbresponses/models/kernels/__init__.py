@@ -66,14 +66,16 @@ class KernelsUnavailable(RuntimeError):
     """The operators cannot be built here (no compiler, no headers, or an unsuited CPU)."""
 
 
-def uses_kernels(model_path: str | os.PathLike[str]) -> bool:
-    """Whether an ONNX file names our domain (a byte search: the protobuf need not be parsed,
-    and a model's inline weights are only scanned, not copied)."""
+def uses_kernels(model_path: str | os.PathLike[str], operator: str | None = None) -> bool:
+    """Whether an ONNX file names our domain, or with ``operator``, that operator of ours (a
+    byte search: the protobuf need not be parsed, and a model's inline weights are only
+    scanned, not copied)."""
     with open(model_path, "rb") as f:
         if os.fstat(f.fileno()).st_size == 0:
             return False
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            return data.find(DOMAIN.encode()) >= 0
+            found = data.find(DOMAIN.encode()) >= 0
+            return found and (operator is None or data.find(operator.encode()) >= 0)
 
 
 @functools.cache  # the files do not change under a running process; read and hashed once
