@@ -191,7 +191,7 @@ def print_engine_table(results: dict[str, dict[str, float]]) -> None:
         "sampling (choose, logit_bias)": ("choose", "biased"),
         "logprobs (`token_logprob`, processed)": ("token_logprob", "processed_logprob"),
         "hand-off, worker side (`_send`)": ("hand-off (post)",),
-        "KV buffers re-made (`kv._make`, every 32 steps)": ("kv make",),
+        "KV buffers re-made (`kv._make`, when room runs out)": ("kv make",),
     }
     for name, keys in parts.items():
         row(name, *keys)
