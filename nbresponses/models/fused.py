@@ -815,20 +815,15 @@ class _Decoder:
             sizes = np.array([self.heads, self.kv_heads, self.kv_heads], np.int64) * self.head_dim
             split = g.weight(f"{name}.qkv_sizes", sizes)
             q, k, v = g.node("Split", [qkv, split], 3, name=f"{name}/qkv_split", axis=-1)
-        table = self.rotary[i]
-        tables = self.tables[table] if table is not None else None  # None: no rotary (SmolLM3)
-        if tables is not None and not kernel:
-            dim = self.rotary_dims[table]  # type: ignore[index]
+        table = self.rotary[i]  # None: a layer without rotary (SmolLM3)
+        tables = self.tables[table] if table is not None else None
+        if table is not None and not kernel:
+            cos, sin = self.tables[table]
+            dim = self.rotary_dims[table]
             partial = dim if dim < self.head_dim else None
             q, k = (
                 ops_attention.rotary(
-                    g,
-                    x,
-                    heads=n,
-                    cos=tables[0],
-                    sin=tables[1],
-                    rotary_dim=partial,
-                    name=f"{name}/{t}_rotary",
+                    g, x, heads=n, cos=cos, sin=sin, rotary_dim=partial, name=f"{name}/{t}_rotary"
                 )
                 for x, n, t in ((q, self.heads, "q"), (k, self.kv_heads, "k"))
             )
