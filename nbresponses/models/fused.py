@@ -138,7 +138,8 @@ class _Graph:
 
         self._file.write(b"\0" * (-self._file.tell() % 4096))  # page-aligned: mappable
         offset = self._file.tell()
-        self._file.write(array.astype(array.dtype.newbyteorder("<"), copy=False).data)
+        little = array.astype(array.dtype.newbyteorder("<"), copy=False)
+        self._file.write(little.reshape(-1).view(np.uint8).data)  # bytes: bfloat16 has no buffer
         tensor = TensorProto(
             name=name,
             dims=array.shape,
@@ -485,20 +486,25 @@ class _IntegerGraph(_NBitsGraph):
     ) -> str | tuple[str, str]:
         """``x @ weight`` as one ``GroupProduct`` node (``kernels/group_product.cc`` documents
         its inputs): per ``group`` input channels and output column, a symmetric int8 scale
-        (the apart channels' rows zeroed: they multiply in fp32), and the weights plus 128
-        packed as vpdpbusd reads them, 16 columns by 4 channels a 64-byte run. ``halves``: the
-        first and second halves of the columns as two outputs."""
+        in bfloat16 (the weights quantized against the rounded scale), the apart channels'
+        rows zeroed (they multiply in fp32, their weights stored in bfloat16), and the weights
+        plus 128 packed as vpdpbusd reads them, 16 columns by 4 channels a 64-byte run.
+        ``halves``: the first and second halves of the columns as two outputs."""
+        from ml_dtypes import bfloat16
+
         k, n = weight.shape
         apart = self._apart(weight, peaks)
         padded = -(-n // 16) * 16
         work = np.zeros((k, padded), np.float32)
         work[:, :n] = weight
-        outlier_rows = work[apart].copy()
+        outlier_rows = work[apart].astype(bfloat16)
         work[apart] = 0
         grouped = work.reshape(k // self.group, self.group, padded)  # a view: work in place
         scales = np.abs(grouped).max(axis=1) / np.float32(self.limit)
-        scales = np.where(scales > 0, scales, np.float32(1)).astype(np.float32)
-        np.divide(grouped, scales[:, None, :], out=grouped)
+        scales = np.where(scales > 0, scales, np.float32(1)).astype(bfloat16)
+        # rounded to nearest, a scale may sit below max |w| / 127: the clip keeps 127 (a
+        # fraction of a step off at that one weight, as rounding gives any weight)
+        np.divide(grouped, scales.astype(np.float32)[:, None, :], out=grouped)
         np.rint(grouped, out=grouped)
         np.clip(grouped, -self.limit, self.limit, out=grouped)
         work += 128  # the unsigned operand: int8 + 128

@@ -40,15 +40,23 @@ def _session(weight: np.ndarray, peaks: np.ndarray | None, group: int, flags=(),
     )
 
 
+def _bfloat16(x: np.ndarray) -> np.ndarray:
+    """fp32 values rounded to the nearest bfloat16 (ties to even), as fp32."""
+    bits = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
+    return bits.astype(np.uint32).view(np.float32)
+
+
 def _reference(x: np.ndarray, weight: np.ndarray, apart: np.ndarray, group: int) -> np.ndarray:
     """The operator's arithmetic written out independently in numpy: symmetric int8 weights
-    per group and column, uint8 rows per group (x / scale rounded half to even), integer sums,
-    the scales applied in float64, the apart channels in float64."""
+    per group and column (the scale rounded to bfloat16 by hand: the top 16 bits of the fp32,
+    rounded half to even), int8 rows per group (x / scale rounded half to even), integer sums,
+    the scales applied in float64, the apart channels (their weights in bfloat16) in float64."""
     k, n = weight.shape
     rest = weight.astype(np.float64).copy()
     rest[apart] = 0
     w_groups = rest.reshape(k // group, group, n)
-    w_scale = (np.abs(w_groups).max(axis=1) / 127).astype(np.float32)
+    w_scale = _bfloat16((np.abs(w_groups).max(axis=1) / 127).astype(np.float32))
     w_scale[w_scale == 0] = 1
     w_int = np.clip(np.rint(w_groups.astype(np.float32) / w_scale[:, None, :]), -127, 127)
     rows = x.reshape(-1, k).copy()
@@ -61,7 +69,7 @@ def _reference(x: np.ndarray, weight: np.ndarray, apart: np.ndarray, group: int)
     x_int[x_scale == 0] = 0
     sums = np.einsum("rgk,gkn->rgn", x_int.astype(np.int64), w_int.astype(np.int64))
     scaled = sums * (x_scale[:, :, None].astype(np.float64) * w_scale[None].astype(np.float64))
-    out = scaled.sum(axis=1) + picked @ weight[apart].astype(np.float64)
+    out = scaled.sum(axis=1) + picked @ _bfloat16(weight[apart]).astype(np.float64)
     return out.reshape(*x.shape[:-1], n)
 
 

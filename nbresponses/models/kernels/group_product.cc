@@ -22,9 +22,13 @@
 // unsigned operand; the rows' int8 values are its signed one, so the zero point's share, 128
 // times the sum of a row's group, is the row's to subtract, not a column's), N16: N rounded up
 // to 16, the padding 128 (zero); each 64 bytes: 4 channels of 16 columns, a column's 4
-// together; scales float [K / group, N16]; apart_weight float [N16 / 16, n, 16] (the apart
-// channels' fp32 weight rows, 16 columns at a time: a tile reads them in one run, not n rows
-// a whole row of columns apart, which one-row steps waited on). Attributes: group (a
+// together; scales bfloat16 [K / group, N16]; apart_weight bfloat16 [N16 / 16, n, 16] (the
+// apart channels' weight rows, 16 columns at a time: a tile reads them in one run, not n rows
+// a whole row of columns apart, which one-row steps waited on), multiplied in fp32. Why
+// bfloat16: a one-row step streams every weight once and waits on memory; the scales and apart
+// rows in fp32 were 100 of a column's 676 bytes (K 576), now 50, and bfloat16 widens to fp32
+// exactly (a shift), holds any scale's range, and holds a bfloat16 model's weights as they
+// are. Attributes: group (a
 // multiple of 4 dividing K), columns (N), optional split (a multiple of 16 below N). Output
 // [..., N] float; with split, two: the columns before split and those from it on (the MLP's
 // gate and up, written apart rather than copied apart by a Split after the product).
@@ -54,8 +58,8 @@ struct Job {
   const int64_t* apart;
   const float* keep;  // 1 or 0 per channel
   const uint8_t* weight;
-  const float* scales;
-  const float* apart_weight;
+  const uint16_t* scales;        // bfloat16
+  const uint16_t* apart_weight;  // bfloat16
   int8_t* q;          // [rows, K]
   float* row_scale;   // [rows, groups]
   int32_t* shares;    // [rows, groups]: 128 times the sum of the group's int8 values
@@ -74,6 +78,14 @@ struct Job {
     return second + row * (N - split) + column - split;
   }
 };
+
+// bfloat16 to fp32: exact (its bits are the top half of the fp32's)
+inline float widen(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
 
 // One row: per group, scale = max |x| over the group's channels not apart times 1/127, and
 // int8 = round(x / scale) (half to even) clamped to [-127, 127]; a group of zeros gets scale 0
@@ -134,6 +146,12 @@ inline void dpbusd(__m512i& acc, __m512i u, __m512i s) {
   asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
 }
 
+// 16 bfloat16 values widened to fp32, exactly
+inline __m512 widen16(const uint16_t* p) {
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+}
+
 // R rows x C vectors of 16 columns (rows r0.., column vectors v0..), whole (``next``: weights
 // to prefetch into L2 as it goes, C vectors' worth, or nullptr): per group its int32
 // sums in registers, then its scaled sum added to the fp32 outputs, also in registers (no pass
@@ -169,7 +187,7 @@ void tile(const Job& j, int64_t r0, int64_t v0, const uint8_t* next) {
       }
     }
     for (int c = 0; c < C; ++c) {
-      const __m512 ws = _mm512_loadu_ps(j.scales + g * j.N16 + (v0 + c) * 16);
+      const __m512 ws = widen16(j.scales + g * j.N16 + (v0 + c) * 16);
       for (int r = 0; r < R; ++r) {
         const __m512 s = _mm512_mul_ps(_mm512_set1_ps(j.row_scale[(r0 + r) * j.groups + g]), ws);
         out[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][c]), s, out[r][c]);
@@ -181,7 +199,7 @@ void tile(const Job& j, int64_t r0, int64_t v0, const uint8_t* next) {
     for (int c = 0; c < C; ++c) a[r][c] = _mm512_setzero_ps();
   for (int64_t k = 0; k < j.n; ++k) {
     __m512 wv[C];
-    for (int c = 0; c < C; ++c) wv[c] = _mm512_loadu_ps(j.apart_weight + ((v0 + c) * j.n + k) * 16);
+    for (int c = 0; c < C; ++c) wv[c] = widen16(j.apart_weight + ((v0 + c) * j.n + k) * 16);
     for (int r = 0; r < R; ++r) {
       const __m512 p = _mm512_set1_ps(j.picked[(r0 + r) * j.n + k]);
       for (int c = 0; c < C; ++c) a[r][c] = _mm512_fmadd_ps(p, wv[c], a[r][c]);
@@ -264,12 +282,13 @@ void product(void* data, size_t index) {
         int32_t sum = 0;
         for (int64_t k = g * j.group; k < (g + 1) * j.group; ++k)
           sum += x[k] * (static_cast<int32_t>(w[(k / 4) * 64 + k % 4]) - 128);
-        const float s = j.row_scale[row * j.groups + g] * j.scales[g * j.N16 + column];
+        const float s = j.row_scale[row * j.groups + g] * widen(j.scales[g * j.N16 + column]);
         out = std::fma(static_cast<float>(sum), s, out);
       }
       float acc = 0.f;
       for (int64_t k = 0; k < j.n; ++k)
-        acc = std::fma(j.picked[row * j.n + k], j.apart_weight[((column / 16) * j.n + k) * 16 + column % 16], acc);
+        acc = std::fma(j.picked[row * j.n + k],
+                       widen(j.apart_weight[((column / 16) * j.n + k) * 16 + column % 16]), acc);
       int64_t left;
       *j.at(row, column, &left) = out + acc;
     }
@@ -332,7 +351,7 @@ struct Kernel {
     std::vector<int32_t> shares(static_cast<size_t>(rows * (K / group)));
     std::vector<float> picked(static_cast<size_t>(rows * n));
     Job j{x.GetTensorData<float>(), channels, keep.data(), weight.GetTensorData<uint8_t>(),
-          scales.GetTensorData<float>(), apart_weight.GetTensorData<float>(), q.data(),
+          scales.GetTensorData<uint16_t>(), apart_weight.GetTensorData<uint16_t>(), q.data(),
           row_scale.data(), shares.data(), picked.data(), first, second, rows, K, columns, N16,
           n, group, K / group, (rows + kRowBlock - 1) / kRowBlock,
           (columns + kColumnBlock - 1) / kColumnBlock, split};
@@ -359,6 +378,8 @@ struct Op : Ort::CustomOpBase<Op, Kernel> {
     switch (i) {
       case 1: return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
       case 2: return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
+      case 3:
+      case 4: return ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
       default: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
     }
   }
