@@ -236,6 +236,7 @@ def attention(
     stored: int | None = None,
     kernel: bool = False,
     tables: tuple[str, str] | None = None,
+    norms: tuple[str, str, float] | None = None,
 ) -> str:
     """Attention of ``q`` [B, S, heads * hd] over the buffers after writing ``k``, ``v``
     [B, S, kv * hd] (already rotated) into them; returns [B, S, heads * hd].
@@ -246,7 +247,10 @@ def attention(
     (no fp32 copies, no masked columns), with the same contract. With ``kernel`` only: ``k`` and
     ``v`` empty when ``q`` is the packed projection [B, S, (heads + 2 kv) * hd], and ``tables``
     (cos, sin) when ``q`` and ``k`` are not rotated yet: the operator splits and rotates them as
-    ``rotary`` and a Split would (the same bits, three nodes fewer a layer).
+    ``rotary`` and a Split would (the same bits, three nodes fewer a layer). ``norms`` (packed
+    ``q`` only): the query and key heads' RMSNorm weights and epsilon (Qwen3, Gemma 3), applied
+    by the operator before the rotary as ``SimplifiedLayerNormalization`` would (the same bits,
+    seven nodes fewer a layer).
 
     ``stored``: the buffers' ONNX element type when it is not float (``TensorProto.FLOAT16``
     only): new keys and values are rounded to it as they are written (``write``) and every
@@ -259,10 +263,18 @@ def attention(
     kv, hd = shape.kv_heads, shape.head_dim
     const = step.const
     if kernel:  # the operator writes the new keys and values itself (eight nodes fewer a layer)
-        packed = {} if k else {"kv_heads": kv}
+        if norms is not None and k:
+            raise ValueError("head norms are applied by KVAttention to the packed projection only")
+        packed: dict[str, int | float] = {} if k else {"kv_heads": kv}
+        inputs = [q, past[0], past[1], "position_ids", k, v]
+        if tables is not None or norms is not None:
+            inputs += tables or ("", "")
+        if norms is not None:
+            inputs += norms[:2]
+            packed["epsilon"] = float(norms[2])
         return g.node(
             "KVAttention",
-            [q, past[0], past[1], "position_ids", k, v, *(tables or ())],
+            inputs,
             [f"{name}/kernel/out0", present[0], present[1]],
             name=f"{name}/kernel",
             domain=DOMAIN,
@@ -272,8 +284,10 @@ def attention(
             window=int(window or 0),
             **packed,
         )[0]
-    if tables is not None or not k:
-        raise ValueError("packed heads and rotary tables are the KVAttention operator's only")
+    if tables is not None or norms is not None or not k:
+        raise ValueError(
+            "packed heads, rotary tables and head norms are the KVAttention operator's only"
+        )
     keys, values = write(g, step, name=name, k=k, v=v, past=past, present=present, stored=stored)
     if stored is not None:  # [B, kv, W, hd] as float
         keys, values = (

@@ -810,10 +810,18 @@ class _Decoder:
 
     def ops_attention(self, i: int, qkv: str) -> str:
         """``attention.py``'s attention (or our operator's, ``kernel``): split (and norm) the
-        heads, rotate, attend. Our operator splits the packed heads and rotates itself."""
+        heads, rotate, attend. Our operator splits the packed heads, norms them (heads of a
+        multiple of 8, as its norm reads them) and rotates them itself."""
         g, name = self.g, f"layers.{i}"
         kernel = self.attention_kind == "kernel"
-        if self.arch.qk_norm:
+        norms = None
+        if kernel and self.arch.qk_norm and self.head_dim % 8 == 0:
+            p = f"model.layers.{i}.self_attn."
+            q_norm = self.gamma(p + "q_norm.weight", f"{name}.q_norm")
+            k_norm = self.gamma(p + "k_norm.weight", f"{name}.k_norm")
+            q, k, v = qkv, "", ""
+            norms = (q_norm, k_norm, self.eps)
+        elif self.arch.qk_norm:
             q, k, v = self.normed_heads(i, qkv)
         elif kernel:
             q, k, v = qkv, "", ""
@@ -848,6 +856,7 @@ class _Decoder:
             stored=None if self.kv_type == KV_DTYPES["float32"] else self.kv_type,
             kernel=kernel,
             tables=tables if kernel else None,
+            norms=norms,
         )
 
     def normed_heads(self, i: int, qkv: str) -> tuple[str, str, str]:

@@ -18,7 +18,7 @@ import pytest
 from helpers.engine import alone_then_batched
 from helpers.tiny_archs import ARCHITECTURES, build_tiny_model, prepare_tiny
 
-from nbresponses.models import kernels
+from nbresponses.models import architectures, kernels
 from nbresponses.models.fused import build_fused_model, save_model
 from nbresponses.runtime.generator import TokenGenerator
 from nbresponses.tokens.contract import SamplingParams
@@ -95,11 +95,17 @@ def family(request) -> str:
 @pytest.mark.parametrize("kv_dtype", ["float32", "float16"])
 def test_the_kernel_gives_the_ops_graphs_logits(family, kv_dtype, isa, tokenizer, prompts):
     """Prefill logits of the longest prompt (past the sliding windows) within fp32 rounding of
-    the ops graph's, the graph declaring our operator once per layer and no Softmax."""
+    the ops graph's, the graph declaring our operator once per layer, no Softmax and no norm of
+    the heads."""
     model, ops, kernel, proto = _models(family, len(tokenizer), kv_dtype, isa)
     kinds = [n.op_type for n in proto.graph.node]
-    assert kinds.count("KVAttention") == model.config.num_hidden_layers
+    layers = model.config.num_hidden_layers
+    assert kinds.count("KVAttention") == layers
     assert "Softmax" not in kinds
+    # the heads' norms (Qwen3, Gemma 3) are the operator's: the graph keeps the first layer's
+    # input norm and Gemma's sandwich norms only
+    sandwich = architectures.ARCHITECTURES[model.config.model_type].sandwich_norms
+    assert kinds.count("SimplifiedLayerNormalization") == 1 + (2 * layers if sandwich else 0)
     prompt = max(prompts, key=len)
     reference, _ = _prefill(ops, prompt)
     ours, _ = _prefill(kernel, prompt)
@@ -317,31 +323,54 @@ def test_without_headers_a_library_built_here_still_loads(tmp_path, monkeypatch)
         kernels.library(tmp_path)
 
 
+def _layer_signature(stored: int, shape: tuple[int, ...], half: int) -> tuple[list, list]:
+    """The inputs and outputs of a one-layer graph around KVAttention: the packed projection,
+    the buffers (``stored`` type), positions and rotary tables (``half`` wide) in; the
+    attention and the present buffers out. ``shape``: (B, S, W, heads, kv, hd)."""
+    from onnx import TensorProto, helper
+
+    B, S, W, heads, kv, hd = shape
+    inputs = [
+        helper.make_tensor_value_info("qkv", TensorProto.FLOAT, [B, S, (heads + 2 * kv) * hd]),
+        *(helper.make_tensor_value_info(n, stored, [B, kv, W, hd]) for n in ("past_k", "past_v")),
+        helper.make_tensor_value_info("positions", TensorProto.INT64, [B, S]),
+        helper.make_tensor_value_info("cos", TensorProto.FLOAT, ["P", half]),
+        helper.make_tensor_value_info("sin", TensorProto.FLOAT, ["P", half]),
+    ]
+    outputs = [
+        helper.make_tensor_value_info("out", TensorProto.FLOAT, [B, S, heads * hd]),
+        *(helper.make_tensor_value_info(f"present_{x}", stored, [B, kv, W, hd]) for x in "kv"),
+    ]
+    return inputs, outputs
+
+
+def _layer_feeds(rng, qkv: np.ndarray, kv_dtype: str, shape: tuple[int, ...], half: int, P: int):
+    """A one-layer graph's feeds (``_layer_signature``): ``qkv``, random buffers of
+    ``kv_dtype``, two rows at their own positions, rotary tables of ``P`` positions."""
+    B, kv, W, hd = shape
+    angles = np.arange(P)[:, None] * (0.9 ** np.arange(half))[None]
+    return {
+        "qkv": qkv.astype(np.float32),
+        "past_k": rng.standard_normal((B, kv, W, hd)).astype(kv_dtype),
+        "past_v": rng.standard_normal((B, kv, W, hd)).astype(kv_dtype),
+        "positions": np.array([[2, 3, 4, 5, 6], [4, 5, 6, 7, 8]], np.int64),
+        "cos": np.cos(angles).astype(np.float32),
+        "sin": np.sin(angles).astype(np.float32),
+    }
+
+
 def _rotating_sessions(stored: int, isa: str, hd: int, rotary_dim: int):
     """Three graphs of one layer, 6 query heads on 2 KV heads: the projection split and rotated
     by ONNX Runtime's Split and RotaryEmbedding before KVAttention; KVAttention given the packed
     projection and the tables; and KVAttention given the split heads and the tables (how the
-    families with a norm on each head use it)."""
+    families with a norm on each head use it when the heads' width is not a multiple of 8)."""
     from helpers.operators import operator_session
     from onnx import TensorProto, helper
 
     B, S, W, heads, kv, P = 2, 5, 9, 6, 2, 12
     width = (heads + 2 * kv) * hd
     attrs = {"heads": heads, "scale": 0.3, "softcap": 0.0, "window": 0}
-    buffers = [
-        helper.make_tensor_value_info(n, stored, [B, kv, W, hd]) for n in ("past_k", "past_v")
-    ]
-    inputs = [
-        helper.make_tensor_value_info("qkv", TensorProto.FLOAT, [B, S, width]),
-        *buffers,
-        helper.make_tensor_value_info("positions", TensorProto.INT64, [B, S]),
-        helper.make_tensor_value_info("cos", TensorProto.FLOAT, ["P", rotary_dim // 2]),
-        helper.make_tensor_value_info("sin", TensorProto.FLOAT, ["P", rotary_dim // 2]),
-    ]
-    outputs = [
-        helper.make_tensor_value_info("out", TensorProto.FLOAT, [B, S, heads * hd]),
-        *(helper.make_tensor_value_info(f"present_{x}", stored, [B, kv, W, hd]) for x in "kv"),
-    ]
+    inputs, outputs = _layer_signature(stored, (B, S, W, heads, kv, hd), rotary_dim // 2)
     present = ["out", "present_k", "present_v"]
     sizes = [helper.make_tensor("sizes", TensorProto.INT64, [3], [heads * hd, kv * hd, kv * hd])]
     split = helper.make_node("Split", ["qkv", "sizes"], ["q", "k", "v"], axis=-1)
@@ -407,16 +436,8 @@ def test_the_operator_splits_and_rotates_as_the_graph_does(kv_dtype, isa, hd, ro
     except kernels.KernelsUnavailable as error:
         pytest.skip(str(error))
     rng = np.random.default_rng(7)
-    dtype = np.dtype(kv_dtype)
-    angles = np.arange(P)[:, None] * (0.9 ** np.arange(rotary_dim // 2))[None]
-    feeds = {
-        "qkv": (rng.standard_normal((B, S, width)) * 2).astype(np.float32),
-        "past_k": rng.standard_normal((B, kv, W, hd)).astype(dtype),
-        "past_v": rng.standard_normal((B, kv, W, hd)).astype(dtype),
-        "positions": np.array([[2, 3, 4, 5, 6], [4, 5, 6, 7, 8]], np.int64),
-        "cos": np.cos(angles).astype(np.float32),
-        "sin": np.sin(angles).astype(np.float32),
-    }
+    qkv = rng.standard_normal((B, S, width)) * 2
+    feeds = _layer_feeds(rng, qkv, kv_dtype, (B, kv, W, hd), rotary_dim // 2, P)
     expected = graph.run(None, feeds)
     for session in (packed, apart):
         got = session.run(None, feeds)
@@ -426,3 +447,104 @@ def test_the_operator_splits_and_rotates_as_the_graph_does(kv_dtype, isa, hd, ro
     cut = {**feeds, "cos": feeds["cos"][:8], "sin": feeds["sin"][:8]}
     with pytest.raises(Exception, match="rotary tables"):
         packed.run(None, cut)
+
+
+def _norming_sessions(stored: int, isa: str, hd: int, rotary: bool):
+    """Two graphs of one layer, 4 query heads on 2 KV heads, each head RMS-normed before the
+    rotary (Qwen3, Gemma 3): ONNX Runtime's Split, Reshape, SimplifiedLayerNormalization and
+    RotaryEmbedding before KVAttention; and KVAttention given the packed projection, the tables
+    and the two norms' weights."""
+    from helpers.operators import operator_session
+    from onnx import TensorProto, helper, numpy_helper
+
+    B, S, W, heads, kv, P, eps = 2, 5, 9, 4, 2, 12, 1e-6
+    width = (heads + 2 * kv) * hd
+    attrs = {"heads": heads, "scale": 0.3, "softcap": 0.0, "window": 0}
+    inputs, outputs = _layer_signature(stored, (B, S, W, heads, kv, hd), hd // 2)
+    present = ["out", "present_k", "present_v"]
+    rng = np.random.default_rng(11)
+    constants = [
+        helper.make_tensor("sizes", TensorProto.INT64, [3], [heads * hd, kv * hd, kv * hd]),
+        helper.make_tensor("heads_shape", TensorProto.INT64, [4], [0, 0, -1, hd]),
+        helper.make_tensor("flat", TensorProto.INT64, [3], [0, 0, -1]),
+        *(
+            numpy_helper.from_array((1 + 0.5 * rng.standard_normal(hd)).astype(np.float32), n)
+            for n in ("q_gamma", "k_gamma")
+        ),
+    ]
+    nodes = [helper.make_node("Split", ["qkv", "sizes"], ["q", "k", "v"], axis=-1)]
+    for x in "qk":
+        nodes += [
+            helper.make_node("Reshape", [x, "heads_shape"], [f"{x}_heads"]),
+            helper.make_node(
+                "SimplifiedLayerNormalization",
+                [f"{x}_heads", f"{x}_gamma"],
+                [f"{x}_normed"],
+                axis=-1,
+                epsilon=eps,
+                stash_type=1,
+            ),
+            helper.make_node("Reshape", [f"{x}_normed", "flat"], [f"{x}_flat"]),
+        ]
+        if rotary:
+            nodes.append(
+                helper.make_node(
+                    "RotaryEmbedding",
+                    [f"{x}_flat", "positions", "cos", "sin"],
+                    [f"{x}_rotated"],
+                    domain="com.microsoft",
+                    interleaved=0,
+                    num_heads=heads if x == "q" else kv,
+                )
+            )
+    last = "rotated" if rotary else "flat"
+    nodes.append(
+        helper.make_node(
+            "KVAttention",
+            [f"q_{last}", "past_k", "past_v", "positions", f"k_{last}", "v"],
+            present,
+            domain=kernels.DOMAIN,
+            **attrs,
+        )
+    )
+    tables = ["cos", "sin"] if rotary else ["", ""]
+    packed = helper.make_node(
+        "KVAttention",
+        ["qkv", "past_k", "past_v", "positions", "", "", *tables, "q_gamma", "k_gamma"],
+        present,
+        domain=kernels.DOMAIN,
+        kv_heads=kv,
+        epsilon=eps,
+        **attrs,
+    )
+    flags = ISAS[isa]
+    return (
+        operator_session(nodes, inputs, outputs, constants, flags),
+        operator_session([packed], inputs, outputs, constants[3:], flags),
+        (B, S, W, kv, P, width),
+    )
+
+
+@pytest.mark.parametrize("isa", list(ISAS))
+@pytest.mark.parametrize("kv_dtype", ["float16", "float32"])
+@pytest.mark.parametrize(("hd", "rotary"), [(32, True), (128, True), (256, True), (64, False)])
+def test_the_operator_norms_heads_as_the_graph_does(kv_dtype, isa, hd, rotary) -> None:
+    """Given the packed projection and the norms' weights, the operator's output and buffers
+    are the bits of Split, SimplifiedLayerNormalization (and RotaryEmbedding) before it, for
+    heads of widely different scales (Qwen3's and Gemma 3's head widths, 128 and 256)."""
+    from onnx import TensorProto
+
+    stored = TensorProto.FLOAT16 if kv_dtype == "float16" else TensorProto.FLOAT
+    try:
+        graph, packed, (B, S, W, kv, P, width) = _norming_sessions(stored, isa, hd, rotary)
+    except kernels.KernelsUnavailable as error:
+        pytest.skip(str(error))
+    rng = np.random.default_rng(5)
+    scales = np.exp(rng.uniform(-6, 6, (B, S, width // hd, 1)))  # each head its own scale
+    qkv = (rng.standard_normal((B, S, width // hd, hd)) * scales).reshape(B, S, width)
+    feeds = _layer_feeds(rng, qkv, kv_dtype, (B, kv, W, hd), hd // 2, P)
+    expected = graph.run(None, feeds)
+    got = packed.run(None, feeds)
+    for a, b in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(expected[1], feeds["past_k"])  # the columns were written

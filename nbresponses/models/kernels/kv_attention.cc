@@ -28,6 +28,10 @@
 // the new keys are rotated at their positions first, with the operations of ONNX Runtime's
 // RotaryEmbedding (non-interleaved; the first 2 * half dimensions), and packed heads are taken
 // apart where they lie (Split and two RotaryEmbedding nodes a layer, gone; the same bits).
+// With packed heads, optional q_norm and k_norm [head_dim] float (inputs 8, 9; attribute
+// epsilon): each query and key head is RMS-normed first, as Qwen3 and Gemma 3 norm them, with
+// the operations of ONNX Runtime's SimplifiedLayerNormalization (``head_norm``): a Reshape, a
+// Split, two norms and three Reshapes a layer, gone; the same bits.
 #define ORT_API_MANUAL_INIT
 #include <onnxruntime_cxx_api.h>
 
@@ -339,6 +343,27 @@ void rotate(const float* x, float* out, const float* cos, const float* sin, int6
   if (out != x) std::memcpy(out + 2 * half, x + 2 * half, static_cast<size_t>(hd - 2 * half) * 4);
 }
 
+// RMSNorm of one head [hd], hd a multiple of 8: the operations of ONNX Runtime's
+// SimplifiedLayerNormalization on these CPUs (MLAS, measured bit for bit by
+// tests/models/test_kernel_attention.py): the squares summed by fused multiply-adds in 8 lanes,
+// the lanes added in halves (4 + 4, 2 + 2, 1 + 1), root = sqrt(sum / hd + epsilon), then each
+// element times 1 / root, times its gamma. ``out`` may be ``x``.
+void head_norm(const float* x, float* out, const float* gamma, int64_t hd, float epsilon) {
+  __m256 squares = _mm256_setzero_ps();
+  for (int64_t d = 0; d < hd; d += 8) {
+    const __m256 v = _mm256_loadu_ps(x + d);
+    squares = _mm256_fmadd_ps(v, v, squares);
+  }
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(squares), _mm256_extractf128_ps(squares, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_movehdup_ps(h));
+  const float root = std::sqrt(_mm_cvtss_f32(h) / static_cast<float>(hd) + epsilon);
+  const __m256 inverse = _mm256_set1_ps(1.f / root);
+  for (int64_t d = 0; d < hd; d += 8)
+    _mm256_storeu_ps(out + d, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + d), inverse),
+                                            _mm256_loadu_ps(gamma + d)));
+}
+
 // One head's key or value [hd] into its buffer's column: as is, or rounded to float16 (nearest
 // even, clipped to its range first: a NaN stays NaN), as the graph's Clip and Cast did.
 void store_column(const float* x, void* to, int64_t offset, int64_t hd, bool half) {
@@ -374,6 +399,9 @@ struct Tokens {
   const int64_t* positions;
   const float* cos;  // [positions, half]; nullptr: no rotary
   const float* sin;
+  const float* q_norm;  // [hd] each, or nullptr: no head norms
+  const float* k_norm;
+  float epsilon;
   int64_t half, S, heads, kv, W, hd;
   bool fp16;
 };
@@ -387,26 +415,37 @@ void prepare_token(void* data, size_t index) {
     const float* x = t.q + token * t.q_stride;
     float* out = t.q_out + token * t.heads * t.hd;
     for (int64_t h = 0; h < t.heads; ++h, x += t.hd, out += t.hd) {
+      const float* from = x;
+      if (t.q_norm) {  // normed into the output, rotated there
+        head_norm(x, out, t.q_norm, t.hd, t.epsilon);
+        from = out;
+      }
       if (cos)
-        rotate(x, out, cos, sin, t.half, t.hd);
-      else
-        std::memcpy(out, x, static_cast<size_t>(t.hd) * sizeof(float));
+        rotate(from, out, cos, sin, t.half, t.hd);
+      else if (from != out)
+        std::memcpy(out, from, static_cast<size_t>(t.hd) * sizeof(float));
     }
   }
+  alignas(64) float normed[kMaxHeadDim];
   alignas(64) float rotated[kMaxHeadDim];
   const float* k = t.k + token * t.kv_stride;
   const float* v = t.v + token * t.kv_stride;
   for (int64_t h = 0; h < t.kv; ++h, k += t.hd, v += t.hd) {
     const int64_t offset = ((b * t.kv + h) * t.W + at) * t.hd;
-    if (cos) rotate(k, rotated, cos, sin, t.half, t.hd);
-    store_column(cos ? rotated : k, t.keys, offset, t.hd, t.fp16);
+    const float* key = k;
+    if (t.k_norm) {
+      head_norm(k, normed, t.k_norm, t.hd, t.epsilon);
+      key = normed;
+    }
+    if (cos) rotate(key, rotated, cos, sin, t.half, t.hd);
+    store_column(cos ? rotated : key, t.keys, offset, t.hd, t.fp16);
     store_column(v, t.values, offset, t.hd, t.fp16);
   }
 }
 
 struct Kernel {
   int64_t heads, window, packed_kv;
-  float scale, softcap;
+  float scale, softcap, epsilon;
 
   Kernel(const OrtApi&, const OrtKernelInfo* info) {
     Ort::ConstKernelInfo i(info);
@@ -417,6 +456,11 @@ struct Kernel {
     packed_kv = 0;  // optional: a graph with q, k and v apart does not name it
     try {
       packed_kv = i.GetAttribute<int64_t>("kv_heads");
+    } catch (const Ort::Exception&) {
+    }
+    epsilon = 0.f;  // optional: a graph without head norms does not name it
+    try {
+      epsilon = i.GetAttribute<float>("epsilon");
     } catch (const Ort::Exception&) {
     }
   }
@@ -474,6 +518,18 @@ struct Kernel {
       t.k = ctx.GetInput(4).GetTensorData<float>();
       t.v = ctx.GetInput(5).GetTensorData<float>();
       t.kv_stride = kv * hd;
+    }
+    if (given(ctx, 8) || given(ctx, 9)) {
+      const std::vector<int64_t> head = {hd};
+      if (packed_kv == 0 || !given(ctx, 8) || !given(ctx, 9) || hd % 8 != 0 ||
+          ctx.GetInput(8).GetTensorTypeAndShapeInfo().GetShape() != head ||
+          ctx.GetInput(9).GetTensorTypeAndShapeInfo().GetShape() != head)
+        ORT_CXX_API_THROW("KVAttention: q_norm and k_norm come together, each [head_dim] with "
+                          "head_dim a multiple of 8, with q, k and v packed (kv_heads)",
+                          ORT_INVALID_ARGUMENT);
+      t.q_norm = ctx.GetInput(8).GetTensorData<float>();
+      t.k_norm = ctx.GetInput(9).GetTensorData<float>();
+      t.epsilon = epsilon;
     }
     int64_t limit = ks[2];  // positions must have a column (and an angle, when rotated)
     if (given(ctx, 6)) {
@@ -568,7 +624,7 @@ struct Op : Ort::CustomOpBase<Op, Kernel> {
   void* CreateKernel(const OrtApi& api, const OrtKernelInfo* info) const { return new Kernel(api, info); }
   const char* GetName() const { return "KVAttention"; }
   const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
-  size_t GetInputTypeCount() const { return 8; }
+  size_t GetInputTypeCount() const { return 10; }
   ONNXTensorElementDataType GetInputType(size_t i) const {
     if (i == 0 || i >= 4) return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
     if (i == 3) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
