@@ -259,7 +259,7 @@ ENGINE_SCRIPT = """
         engine = await nbr.Engine.load(cache_dir=cache_dir, progress=False)
         try:
             client = engine.client()
-            options = dict(input=prompt, max_output_tokens=12, temperature=0,
+            options = dict(input=prompt, max_output_tokens=6, temperature=0,
                            include=["message.output_text.logprobs"], top_logprobs=3)
             response = await client.responses.create(**options)
             frame = nbr.logprobs_frame(response)
@@ -332,7 +332,9 @@ def test_engine_extra_without_torch_on_other_versions(
 
     assert got["versions"] == OTHER_VERSIONS
     assert not got["torch_found"] and got["imported"] == [], got
-    assert got["tokens"] == reference["tokens"] and len(got["tokens"]) == 12
+    # 6 tokens: within "The capital of France is Paris." (a model whose numbers changed may end
+    # its answer there, at 7; the status below needs the limit reached)
+    assert got["tokens"] == reference["tokens"] and len(got["tokens"]) == 6
     assert got["logprobs"] == pytest.approx(reference["logprobs"], abs=1e-5)
     assert got["text"] == reference["text"] == got["streamed_text"] != ""
     assert got["top_rows"] == 3 * len(got["tokens"])
