@@ -517,10 +517,19 @@ def _norming_sessions(stored: int, isa: str, hd: int, rotary: bool):
         epsilon=eps,
         **attrs,
     )
+    apart = helper.make_node(  # heads split: the operator norms packed heads only
+        "KVAttention",
+        ["q", "past_k", "past_v", "positions", "k", "v", *tables, "q_gamma", "k_gamma"],
+        present,
+        domain=kernels.DOMAIN,
+        epsilon=eps,
+        **attrs,
+    )
     flags = ISAS[isa]
     return (
         operator_session(nodes, inputs, outputs, constants, flags),
         operator_session([packed], inputs, outputs, constants[3:], flags),
+        operator_session([nodes[0], apart], inputs, outputs, constants, flags),
         (B, S, W, kv, P, width),
     )
 
@@ -531,12 +540,13 @@ def _norming_sessions(stored: int, isa: str, hd: int, rotary: bool):
 def test_the_operator_norms_heads_as_the_graph_does(kv_dtype, isa, hd, rotary) -> None:
     """Given the packed projection and the norms' weights, the operator's output and buffers
     are the bits of Split, SimplifiedLayerNormalization (and RotaryEmbedding) before it, for
-    heads of widely different scales (Qwen3's and Gemma 3's head widths, 128 and 256)."""
+    heads of widely different scales (Qwen3's and Gemma 3's head widths, 128 and 256); norms
+    for heads already split are refused, not ignored."""
     from onnx import TensorProto
 
     stored = TensorProto.FLOAT16 if kv_dtype == "float16" else TensorProto.FLOAT
     try:
-        graph, packed, (B, S, W, kv, P, width) = _norming_sessions(stored, isa, hd, rotary)
+        graph, packed, apart, (B, S, W, kv, P, width) = _norming_sessions(stored, isa, hd, rotary)
     except kernels.KernelsUnavailable as error:
         pytest.skip(str(error))
     rng = np.random.default_rng(5)
@@ -548,3 +558,5 @@ def test_the_operator_norms_heads_as_the_graph_does(kv_dtype, isa, hd, rotary) -
     for a, b in zip(got, expected, strict=True):
         np.testing.assert_array_equal(a, b)
     assert not np.array_equal(expected[1], feeds["past_k"])  # the columns were written
+    with pytest.raises(Exception, match="q_norm and k_norm come together"):
+        apart.run(None, feeds)
