@@ -26,8 +26,11 @@ pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = ROOT / "test-artifacts"
 TOKEN = "nbr-test-token"
-# Greedy, the bundled model answers this with all 4,000 tokens (25-100 s): long enough to cancel.
-STREAM_PROMPT = "List 300 different animals, numbered, one per line."
+# Greedy, the bundled model answers this with all 4,000 tokens (12 s alone on a 2-core machine
+# with its drafted repeats; more under a test run's load): long enough to cancel. Measured per
+# model: "List 300 different animals" ran 4,000 tokens until GroupProduct's scales went to
+# bfloat16, and now ends at 269 in ~1 s.
+STREAM_PROMPT = "Write a very long story about a dragon, at least 5000 words."
 
 CELLS = [
     "import nbresponses as nbr\n"
