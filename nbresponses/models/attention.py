@@ -265,13 +265,13 @@ def attention(
     if kernel:  # the operator writes the new keys and values itself (eight nodes fewer a layer)
         if norms is not None and k:
             raise ValueError("head norms are applied by KVAttention to the packed projection only")
-        packed: dict[str, int | float] = {} if k else {"kv_heads": kv}
+        optional: dict[str, int | float] = {} if k else {"kv_heads": kv}  # packed heads
         inputs = [q, past[0], past[1], "position_ids", k, v]
         if tables is not None or norms is not None:
             inputs += tables or ("", "")
         if norms is not None:
             inputs += norms[:2]
-            packed["epsilon"] = float(norms[2])
+            optional["epsilon"] = float(norms[2])
         return g.node(
             "KVAttention",
             inputs,
@@ -282,7 +282,7 @@ def attention(
             scale=float(scale),
             softcap=float(softcap),
             window=int(window or 0),
-            **packed,
+            **optional,
         )[0]
     if tables is not None or norms is not None or not k:
         raise ValueError(

@@ -816,11 +816,8 @@ class _Decoder:
         kernel = self.attention_kind == "kernel"
         norms = None
         if kernel and self.arch.qk_norm and self.head_dim % 8 == 0:
-            p = f"model.layers.{i}.self_attn."
-            q_norm = self.gamma(p + "q_norm.weight", f"{name}.q_norm")
-            k_norm = self.gamma(p + "k_norm.weight", f"{name}.k_norm")
             q, k, v = qkv, "", ""
-            norms = (q_norm, k_norm, self.eps)
+            norms = (*self.head_norm_weights(i), self.eps)
         elif self.arch.qk_norm:
             q, k, v = self.normed_heads(i, qkv)
         elif kernel:
@@ -859,17 +856,26 @@ class _Decoder:
             norms=norms,
         )
 
+    def head_norm_weights(self, i: int) -> tuple[str, str]:
+        """Layer ``i``'s RMSNorm weights of each query head and each key head (Qwen3, Gemma 3)."""
+        p, name = f"model.layers.{i}.self_attn.", f"layers.{i}"
+        return (
+            self.gamma(p + "q_norm.weight", f"{name}.q_norm"),
+            self.gamma(p + "k_norm.weight", f"{name}.k_norm"),
+        )
+
     def normed_heads(self, i: int, qkv: str) -> tuple[str, str, str]:
         """Qwen3 and Gemma 3: RMSNorm of each head's query and key before the rotary."""
-        g, d, p, name = self.g, self.head_dim, f"model.layers.{i}.self_attn.", f"layers.{i}"
+        g, d, name = self.g, self.head_dim, f"layers.{i}"
         shape = g.weight(f"{name}.heads_shape", np.array([0, 0, -1, d], np.int64))
         heads = g.node("Reshape", [qkv, shape], name=f"{name}/heads")[0]
         sizes = g.weight(
             f"{name}.qkv_split", np.array([self.heads, self.kv_heads, self.kv_heads], np.int64)
         )
         q, k, v = g.node("Split", [heads, sizes], 3, name=f"{name}/qkv_split", axis=2)
-        q = self.norm(q, self.gamma(p + "q_norm.weight", f"{name}.q_norm"), name=f"{name}/q_norm")
-        k = self.norm(k, self.gamma(p + "k_norm.weight", f"{name}.k_norm"), name=f"{name}/k_norm")
+        q_gamma, k_gamma = self.head_norm_weights(i)
+        q = self.norm(q, q_gamma, name=f"{name}/q_norm")
+        k = self.norm(k, k_gamma, name=f"{name}/k_norm")
         flat = g.weight("const/flat_heads", np.array([0, 0, -1], np.int64))
         return tuple(  # type: ignore[return-value]
             g.node("Reshape", [t, flat], name=f"{name}/{n}_flat")[0]
