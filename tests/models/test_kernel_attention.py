@@ -284,6 +284,67 @@ def test_the_operators_writes_are_the_graphs_writes(kv_dtype, isa) -> None:
         ours.run(None, {**feeds, "positions": positions + 1})
 
 
+def _info(name: str, elem_type: int, shape: list) -> onnx.ValueInfoProto:
+    return onnx.helper.make_tensor_value_info(name, elem_type, shape)
+
+
+@pytest.mark.parametrize("isa", list(ISAS))
+@pytest.mark.parametrize("kv_dtype", ["float16", "float32"])
+@pytest.mark.parametrize("window", [0, 7])
+def test_a_steps_rows_are_their_bits_alone(kv_dtype, isa, window) -> None:
+    """A step of many rows: the operator gives each thread runs of consecutive (row, KV head)
+    items and prefetches the next item's keys and each item's values as it goes; every row's
+    output is the same bits as the row alone, and near a float64 attention over the columns it
+    sees (its position's, within the window)."""
+    from helpers.operators import operator_session
+    from onnx import TensorProto
+
+    B, W, heads, kv, hd, scale = 24, 40, 6, 2, 64, 0.125
+    stored = TensorProto.FLOAT16 if kv_dtype == "float16" else TensorProto.FLOAT
+    inputs = [
+        _info("q", TensorProto.FLOAT, ["B", 1, heads * hd]),
+        _info("keys", stored, ["B", kv, W, hd]),
+        _info("values", stored, ["B", kv, W, hd]),
+        _info("positions", TensorProto.INT64, ["B", 1]),
+    ]
+    outputs = [_info("out", TensorProto.FLOAT, ["B", 1, heads * hd])]
+    node = onnx.helper.make_node(
+        "KVAttention",
+        ["q", "keys", "values", "positions"],
+        ["out"],
+        domain=kernels.DOMAIN,
+        heads=heads,
+        scale=scale,
+        softcap=0.0,
+        window=window,
+    )
+    try:
+        session = operator_session([node], inputs, outputs, [], ISAS[isa])
+    except kernels.KernelsUnavailable as error:
+        pytest.skip(str(error))
+    rng = np.random.default_rng(9)
+    q = rng.standard_normal((B, 1, heads * hd)).astype(np.float32)
+    keys = rng.standard_normal((B, kv, W, hd)).astype(kv_dtype)
+    values = rng.standard_normal((B, kv, W, hd)).astype(kv_dtype)
+    positions = rng.integers(0, W, (B, 1)).astype(np.int64)
+    positions[:2, 0] = [0, W - 1]  # one column, and all of them
+    feeds = {"q": q, "keys": keys, "values": values, "positions": positions}
+    (together,) = session.run(None, feeds)
+    for row in range(B):
+        (alone,) = session.run(None, {name: x[row : row + 1] for name, x in feeds.items()})
+        np.testing.assert_array_equal(together[row], alone[0])
+        end = int(positions[row, 0]) + 1
+        begin = max(end - window, 0) if window else 0
+        for head in range(heads):
+            k = keys[row, head // (heads // kv), begin:end].astype(np.float64)
+            v = values[row, head // (heads // kv), begin:end].astype(np.float64)
+            scores = k @ q[row, 0, head * hd : (head + 1) * hd].astype(np.float64) * scale
+            weights = np.exp(scores - scores.max())
+            expected = weights @ v / weights.sum()
+            got = together[row, 0, head * hd : (head + 1) * hd]
+            np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
 def test_a_graph_names_the_operators_only_when_it_uses_them(tmp_path, tokenizer) -> None:
     model = build_tiny_model("llama3", len(tokenizer))
     for attention, expected in (("ops", False), ("kernel", True)):

@@ -41,6 +41,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -138,15 +139,33 @@ struct Job {
   float* out;
   int64_t B, S, heads, kv, W, hd, window, blocks;
   float scale, softcap;
+  int64_t per_task;  // consecutive work items a task takes (``attend``)
 };
+
+// Bytes to prefetch into L2 while other work computes (none when begin == end).
+struct Span {
+  const char* begin = nullptr;
+  const char* end = nullptr;
+};
+
+// [from, to) into L2, a line at a time
+template <typename T>
+inline void prefetch(const T* from, const T* to) {
+  for (auto* x = reinterpret_cast<const char*>(from); x < reinterpret_cast<const char*>(to); x += 64)
+    _mm_prefetch(x, _MM_HINT_T1);
+}
 
 // Up to four query heads of one KV head at one position: their scores share each key's loads,
 // their weighted sums each value's (each score and each sum is still its own chain of
 // operations in the order attend() describes, so sharing changes no bit). ``Chunks``: the
 // head's vectors when known at compile time (their sums then stay in registers), else 0.
+// ``fetch_values``: prefetch the values while the scores compute; ``ahead``: memory (the next
+// work item's keys) to prefetch while the weighted sum computes. A 16-row step reads every
+// row's keys and values from memory (92 MB at 250 tokens): read on demand, each phase waited on
+// memory and then computed with it idle (benchmarks/README.md).
 template <typename T, int Chunks, int H>
 void attend_heads(const Job<T>& j, int64_t b, int64_t s, int64_t head0, int64_t begin, int64_t end,
-                  float* scores, float* tail) {
+                  float* scores, float* tail, bool fetch_values, Span ahead) {
   const int64_t h = head0 / (j.heads / j.kv);
   const int64_t full = Chunks ? Chunks * kLanes : j.hd / kLanes * kLanes;
   const T* keys = j.keys + (b * j.kv + h) * j.W * j.hd;
@@ -176,6 +195,7 @@ void attend_heads(const Job<T>& j, int64_t b, int64_t s, int64_t head0, int64_t 
   for (int g = 0; g < H; ++g) tops[g] = broadcast(-INFINITY);
   for (int64_t c0 = begin; c0 < end; c0 += 16) {  // 16 columns' sums reduced together
     const int64_t count = std::min<int64_t>(16, end - c0);
+    if (fetch_values) prefetch(values + c0 * j.hd, values + (c0 + count) * j.hd);
     // four columns at a time: four independent chains of products in flight per head (each
     // column's sum is still its own products in head order); past the last column, the first
     // column's keys are read and their sums dropped
@@ -237,6 +257,7 @@ void attend_heads(const Job<T>& j, int64_t b, int64_t s, int64_t head0, int64_t 
 #else
   for (int g = 0; g < H; ++g) {
     for (int64_t c = begin; c < end; ++c) {
+      if (fetch_values && g == 0) prefetch(values + c * j.hd, values + (c + 1) * j.hd);
       const T* k = keys + c * j.hd;
       Vec sum = zero();
       for (int64_t d = 0; d < full; d += kLanes) sum = fma(load(q[g] + d), load(k + d), sum);
@@ -259,7 +280,12 @@ void attend_heads(const Job<T>& j, int64_t b, int64_t s, int64_t head0, int64_t 
     for (int64_t d = 0; d < full; d += kLanes) acc[g][d / kLanes] = acc2[g][d / kLanes] = zero();
     std::fill(tail + g * rest, tail + (g + 1) * rest, 0.f);
   }
+  // ``ahead`` spread evenly over the pairs of columns
+  const int64_t lines = (ahead.end - ahead.begin + 63) / 64;
+  const int64_t per_pair = lines / std::max<int64_t>(1, (end - begin + 1) / 2) + 1;
   for (int64_t c = begin; c < end; c += 2) {
+    for (int64_t i = 0; i < per_pair && ahead.begin < ahead.end; ++i, ahead.begin += 64)
+      _mm_prefetch(ahead.begin, _MM_HINT_T1);
     const bool pair = c + 1 < end;
     const T* v0 = values + c * j.hd;
     const T* v1 = pair ? v0 + j.hd : v0;  // w1 = 0: adds exact zeros
@@ -290,30 +316,61 @@ void attend_heads(const Job<T>& j, int64_t b, int64_t s, int64_t head0, int64_t 
   }
 }
 
-// One (row, KV head, up to kPositions positions): every query head of the group, four at a
-// time. A token's output is computed from its own query, position and columns only.
+// The columns a token at position s of row b sees: [begin, end) (clamped to the buffer:
+// padding positions)
+template <typename T>
+std::pair<int64_t, int64_t> seen(const Job<T>& j, int64_t b, int64_t s) {
+  const int64_t end = std::clamp<int64_t>(j.positions[b * j.S + s] + 1, 1, j.W);
+  return {j.window > 0 ? std::max<int64_t>(end - j.window, 0) : 0, end};
+}
+
+// One work item (row, KV head, up to kPositions positions): every query head of the group, four
+// at a time. A token's output is computed from its own query, position and columns only.
+// ``ahead``: the next item's keys, prefetched during this item's last weighted sum.
 template <typename T, int Chunks>
-void attend(void* data, size_t index) {
-  const auto& j = *static_cast<const Job<T>*>(data);
-  const int64_t block = static_cast<int64_t>(index) % j.blocks;
-  const int64_t b = static_cast<int64_t>(index) / j.blocks / j.kv;
-  const int64_t h = static_cast<int64_t>(index) / j.blocks % j.kv;
+void attend_item(const Job<T>& j, int64_t index, Span ahead, float* scores, float* tail) {
+  const int64_t block = index % j.blocks;
+  const int64_t b = index / j.blocks / j.kv;
+  const int64_t h = index / j.blocks % j.kv;
   const int64_t group = j.heads / j.kv;
-  std::vector<float> scores(static_cast<size_t>(4 * j.W));
-  std::vector<float> tail(static_cast<size_t>(4 * (j.hd % kLanes)));
-  for (int64_t s = block * kPositions; s < std::min(j.S, (block + 1) * kPositions); ++s) {
-    // a token sees the columns up to its position (clamped to the buffer: padding positions)
-    const int64_t end = std::clamp<int64_t>(j.positions[b * j.S + s] + 1, 1, j.W);
-    const int64_t begin = j.window > 0 ? std::max<int64_t>(end - j.window, 0) : 0;
+  const int64_t first = block * kPositions, last = std::min(j.S, first + kPositions) - 1;
+  for (int64_t s = first; s <= last; ++s) {
+    const auto [begin, end] = seen(j, b, s);
     for (int64_t g = 0; g < group; g += 4) {
       const int64_t head0 = h * group + g;
+      // the values from memory once: the item's first position reads the most
+      const bool fetch = s == first && g == 0;
+      const Span next = s == last && g + 4 >= group ? ahead : Span{};
       switch (std::min<int64_t>(4, group - g)) {
-        case 4: attend_heads<T, Chunks, 4>(j, b, s, head0, begin, end, scores.data(), tail.data()); break;
-        case 3: attend_heads<T, Chunks, 3>(j, b, s, head0, begin, end, scores.data(), tail.data()); break;
-        case 2: attend_heads<T, Chunks, 2>(j, b, s, head0, begin, end, scores.data(), tail.data()); break;
-        default: attend_heads<T, Chunks, 1>(j, b, s, head0, begin, end, scores.data(), tail.data());
+        case 4: attend_heads<T, Chunks, 4>(j, b, s, head0, begin, end, scores, tail, fetch, next); break;
+        case 3: attend_heads<T, Chunks, 3>(j, b, s, head0, begin, end, scores, tail, fetch, next); break;
+        case 2: attend_heads<T, Chunks, 2>(j, b, s, head0, begin, end, scores, tail, fetch, next); break;
+        default: attend_heads<T, Chunks, 1>(j, b, s, head0, begin, end, scores, tail, fetch, next);
       }
     }
+  }
+}
+
+// A task: ``per_task`` consecutive work items, each prefetching the next one's keys (a thread
+// that took items one at a time would not know its next).
+template <typename T, int Chunks>
+void attend(void* data, size_t task) {
+  const Job<T> j = *static_cast<const Job<T>*>(data);  // a copy: no aliasing with the outputs
+  const int64_t items = j.B * j.kv * j.blocks;
+  const int64_t first = static_cast<int64_t>(task) * j.per_task;
+  const int64_t last = std::min(items, first + j.per_task) - 1;
+  std::vector<float> scores(static_cast<size_t>(4 * j.W));
+  std::vector<float> tail(static_cast<size_t>(4 * (j.hd % kLanes)));
+  for (int64_t index = first; index <= last; ++index) {
+    Span ahead;
+    if (index < last) {
+      const int64_t next = index + 1, b = next / j.blocks / j.kv, h = next / j.blocks % j.kv;
+      const auto [begin, end] = seen(j, b, std::min(j.S - 1, next % j.blocks * kPositions));
+      const T* keys = j.keys + (b * j.kv + h) * j.W * j.hd;
+      ahead = {reinterpret_cast<const char*>(keys + begin * j.hd),
+               reinterpret_cast<const char*>(keys + end * j.hd)};
+    }
+    attend_item<T, Chunks>(j, index, ahead, scores.data(), tail.data());
   }
 }
 
@@ -475,7 +532,14 @@ struct Kernel {
     if (job.hd == 4 * kLanes) kernel = attend<T, 4>;
     if (job.hd == 8 * kLanes) kernel = attend<T, 8>;
     if (job.hd == 16 * kLanes) kernel = attend<T, 16>;
-    ctx.ParallelFor(kernel, static_cast<size_t>(job.B * job.kv * job.blocks), 0, &job);
+    // a step's items in tasks of consecutive ones, about four a thread (16 rows: 48 items, all
+    // alike); a prompt's one at a time (its later blocks of positions see more columns: tasks
+    // of several would leave a thread the heaviest at the end)
+    const int64_t items = job.B * job.kv * job.blocks;
+    const int64_t threads = std::max<int64_t>(1, std::thread::hardware_concurrency());
+    job.per_task = job.blocks > 1 ? 1 : std::max<int64_t>(1, items / (4 * threads));
+    const int64_t tasks = (items + job.per_task - 1) / job.per_task;
+    ctx.ParallelFor(kernel, static_cast<size_t>(tasks), 0, &job);
   }
 
   static bool given(Ort::KernelContext& ctx, size_t i) {
