@@ -16,16 +16,26 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 
 from nbresponses.tokens.contract import SamplingParams, TokenIdLogprob
 
 MAX_TOP_LOGPROBS = 20
-# A compiled ``token_logprob`` core: (row, token, log-softmax out or None) -> (logprob, rank,
-# entropy), as ``models.kernels.TokenStats``
-NativeStats = Callable[[np.ndarray, int, "np.ndarray | None"], tuple[float, int, float]]
+
+
+class NativeStats(Protocol):
+    """A compiled ``token_logprob`` core, as ``models.kernels.TokenStats``: (row, token,
+    log-softmax out or None) -> (logprob, rank, entropy), and a log-softmax's top k."""
+
+    def __call__(
+        self, logits: np.ndarray, token: int, logp: np.ndarray | None = None
+    ) -> tuple[float, int, float]: ...
+
+    def top(self, logp: np.ndarray, k: int) -> tuple[tuple[int, float], ...]: ...
+
+
 _NUCLEUS_PROBE = 64  # top-p: first try the 64 most likely tokens before sorting the vocabulary
 
 
@@ -219,7 +229,8 @@ _BLOCK = 64  # top-k: a bound from the maxima of blocks of this many values
 
 def top_k(values: np.ndarray, k: int) -> np.ndarray:
     """Indices of the k largest values, largest first, ties broken by lower index (so the
-    choice among equal values never depends on a selection algorithm's internals).
+    choice among equal values never depends on a selection algorithm's internals), NaNs left
+    out (a log-softmax with one is NaN throughout: no alternatives).
 
     Exact and faster than a partition of the vocabulary: the k-th largest group maximum is
     a lower bound of the k-th largest value (those k maxima are k values at least that
@@ -237,7 +248,7 @@ def top_k(values: np.ndarray, k: int) -> np.ndarray:
         floor = np.partition(bounds, bounds.shape[0] - k)[bounds.shape[0] - k]
         candidates = np.flatnonzero(values >= floor)
     else:
-        candidates = np.arange(n)
+        candidates = np.flatnonzero(values == values)  # NaNs are no one's alternatives
     order = np.lexsort((candidates, -values[candidates]))[:k]
     return candidates[order]
 
@@ -272,7 +283,7 @@ def token_logprob(
         return TokenIdLogprob(
             token_id=int(token_id),
             logprob=value,
-            top=tuple((int(i), float(logp[i])) for i in top_k(logp, top)) if top > 0 else (),
+            top=native.top(logp, top) if top > 0 else (),
             rank=place if details else None,
             entropy=spread if details else None,
             distribution=logp.copy() if distribution else None,

@@ -4,7 +4,8 @@ what the engine uses for the logprobs, ranks and entropies of the models that us
 It promises numpy's definition (``sampling.log_softmax``): checked against an independent
 float64 computation, and against numpy's own code (the logprob and rank the same; the
 log-softmax the same but for the last bit of values near 0), the same bits from the AVX-512 and
-the AVX2 code, and NaN in, NaN out.
+the AVX2 code, and NaN in, NaN out; and its top k (``TokenStats.top``) against numpy's
+``sampling.top_k``, ties included.
 """
 
 from __future__ import annotations
@@ -97,6 +98,32 @@ def test_avx512_and_avx2_give_the_same_bits() -> None:
         a, b = np.empty_like(row), np.empty_like(row)
         assert native(row, token, a) == plain(row, token, b)
         np.testing.assert_array_equal(a, b)
+        assert native.top(a, 20) == plain.top(b, 20)
+
+
+def _tied(seed: int):
+    """Rows whose values repeat: the order among equals is the lower index first."""
+    rng = np.random.default_rng(seed)
+    for vocab in (3, 40, 49152):
+        yield np.round(rng.standard_normal(vocab) * 2).astype(np.float32)  # a few values
+    row = np.zeros(300, np.float32)
+    row[[5, 250, 17]] = 1.0  # three best, tied, found out of order
+    yield row
+    yield np.full(64, -np.inf, np.float32)  # no finite value: all -inf, in index order
+
+
+@pytest.mark.parametrize("isa", list(ISAS))
+def test_the_top_is_numpys_top_k(isa) -> None:
+    """The same pairs, in the same order, as ``sampling.top_k`` over the same log-softmax, for
+    every k an API allows; shorter rows give all they have."""
+    stats = _stats(isa)
+    rows = [sampling.log_softmax(row) for row, _ in _rows(seed=11)]
+    rows += [sampling.log_softmax(row) for row in _tied(12) if np.isfinite(row).any()]
+    rows += list(_tied(13))  # any float row, as it is: -inf throughout, ties between finite ones
+    for logp in rows:
+        for k in (0, 1, 2, 3, 5, 19, 20):
+            expected = tuple((int(i), float(logp[i])) for i in sampling.top_k(logp, k))
+            assert stats.top(logp, k) == expected, (logp.shape, k)
 
 
 def test_a_row_gives_the_same_bits_wherever_it_sits_in_memory() -> None:
@@ -118,6 +145,11 @@ def test_nan_in_nan_out_and_bad_calls_refused() -> None:
     row[40] = np.nan
     logprob, _, entropy = stats(row, 2)
     assert np.isnan(logprob) and np.isnan(entropy)
+    # the log-softmax NaN throughout, as numpy's, and so no alternatives
+    ours = sampling.token_logprob(row, 2, 5, distribution=True, native=stats)
+    numpys = sampling.token_logprob(row, 2, 5, distribution=True)
+    assert ours.top == numpys.top == ()
+    assert ours.distribution is not None and np.isnan(ours.distribution).all()
     with pytest.raises(ValueError, match="token"):
         stats(np.ones(8, np.float32), 8)
     with pytest.raises(ValueError, match="logp"):

@@ -240,7 +240,9 @@ def library(
 
 class TokenStats:
     """``token_stats.cc`` through ``ctypes``: ``stats(logits, token) -> (logprob, rank,
-    entropy)`` of a float32 row, writing the row's whole log-softmax into ``logp`` when given.
+    entropy)`` of a float32 row, writing the row's whole log-softmax into ``logp`` when given
+    (NaN throughout for a row with a NaN or no finite maximum, as numpy's); ``stats.top(logp,
+    k)``: its k best (token, logprob) pairs, as ``sampling.top_k`` orders them.
 
     The definition is ``runtime/sampling.py``'s (numpy's float32 log-softmax with its sum in
     float64); three passes over the row instead of eight (~35 us a row of 49k logits against
@@ -260,6 +262,16 @@ class TokenStats:
             ctypes.POINTER(ctypes.c_double),
         ]
         self._function = function
+        top = ctypes.CDLL(str(path)).nbr_top
+        top.restype = ctypes.c_int64
+        top.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_int64,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+        ]
+        self._top = top
         self.path = path
 
     def __call__(
@@ -283,6 +295,18 @@ class TokenStats:
             ctypes.byref(entropy),
         )
         return logprob.value, int(rank), entropy.value
+
+    def top(self, logp: np.ndarray, k: int) -> tuple[tuple[int, float], ...]:
+        """The ``k`` largest values of a float32 row with their indices, largest first, equal
+        values by lower index, NaNs left out (``sampling.top_k``'s order)."""
+        row = np.ascontiguousarray(logp, np.float32)
+        if row.ndim != 1:
+            raise ValueError(f"one row of logprobs: got shape {row.shape}")
+        k = max(0, min(int(k), row.shape[0]))
+        # fresh (20 values): ctypes lets go of the GIL, and two engines' threads share this
+        ids, values = np.empty(k, np.int64), np.empty(k, np.float32)
+        count = self._top(row.ctypes.data, row.shape[0], k, ids.ctypes.data, values.ctypes.data)
+        return tuple(zip(ids[:count].tolist(), values[:count].tolist(), strict=True))
 
 
 def token_stats(flags: tuple[str, ...] = ()) -> TokenStats:

@@ -1,5 +1,6 @@
 // nbr_token_stats: a row of logits to the logprob, rank and entropy of one token (and, when
-// asked, the row's whole log-softmax), in three passes over the row.
+// asked, the row's whole log-softmax), in three passes over the row; nbr_top: the k largest of
+// a log-softmax, in one.
 //
 // Why here: numpy needs eight passes over the vocabulary for the same numbers (the max, the
 // shift, a float64 exp, its sum, the log-softmax, the rank's comparison, the entropy's product
@@ -18,6 +19,7 @@
 // of a row is padded with -inf the same way.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -150,9 +152,10 @@ extern "C" int64_t nbr_token_stats(const float* logits, int64_t vocab, int64_t t
                                    float* logp, float* logprob, double* entropy) {
   bool nan = false;
   const float max = max_of(logits, vocab, &nan);
-  if (nan || !std::isfinite(max)) {
+  if (nan || !std::isfinite(max)) {  // numpy's log-softmax is NaN throughout then
     *logprob = std::numeric_limits<float>::quiet_NaN();
     *entropy = std::numeric_limits<double>::quiet_NaN();
+    if (logp != nullptr) std::fill(logp, logp + vocab, *logprob);
     return 1;
   }
   D8 total[2] = {set1(0.0), set1(0.0)};
@@ -188,4 +191,54 @@ extern "C" int64_t nbr_token_stats(const float* logits, int64_t vocab, int64_t t
     }
   }
   return 1 + above;
+}
+
+// The k largest values of ``logp`` [vocab] into ``ids`` and ``values`` (room for k), largest
+// first, equal values by lower index, NaNs left out: runtime/sampling.py's ``top_k``. Returns
+// how many (min(k, vocab) but for NaNs).
+//
+// Why here: numpy's ``top_k`` (a bound from strided maxima, a partition, a selection, a sort)
+// took ~25 us a row of 49k and building the pairs ~12 more, the larger part of a row's
+// logprobs with top_logprobs=20 (benchmarks/README.md). Here: one pass that compares 16 values
+// at a time against the k-th best so far and inserts the rare few above it.
+extern "C" int64_t nbr_top(const float* logp, int64_t vocab, int64_t k, int64_t* ids,
+                           float* values) {
+  if (k <= 0) return 0;
+  int64_t count = 0;
+  // a value above the k-th (or any while fewer than k) moves the smaller ones down one place;
+  // an equal one stays after them (its index is higher: the scan goes up the row)
+  auto insert = [&](int64_t i, float v) {
+    int64_t at = count < k ? count++ : k - 1;
+    for (; at > 0 && values[at - 1] < v; --at) {
+      values[at] = values[at - 1];
+      ids[at] = ids[at - 1];
+    }
+    values[at] = v;
+    ids[at] = i;
+  };
+  int64_t i = 0;
+  for (; i < vocab && count < k; ++i)
+    if (logp[i] == logp[i]) insert(i, logp[i]);
+#if defined(__AVX512F__)
+  for (; i + 16 <= vocab; i += 16) {
+    __mmask16 above = _mm512_cmp_ps_mask(_mm512_loadu_ps(logp + i),
+                                         _mm512_set1_ps(values[k - 1]), _CMP_GT_OQ);
+    for (; above != 0; above &= above - 1) {
+      const int64_t at = i + __builtin_ctz(above);
+      if (logp[at] > values[k - 1]) insert(at, logp[at]);  // the bar may have risen since
+    }
+  }
+#else
+  for (; i + 8 <= vocab; i += 8) {
+    int above = _mm256_movemask_ps(
+        _mm256_cmp_ps(_mm256_loadu_ps(logp + i), _mm256_set1_ps(values[k - 1]), _CMP_GT_OQ));
+    for (; above != 0; above &= above - 1) {
+      const int64_t at = i + __builtin_ctz(above);
+      if (logp[at] > values[k - 1]) insert(at, logp[at]);
+    }
+  }
+#endif
+  for (; i < vocab; ++i)
+    if (logp[i] > values[k - 1]) insert(i, logp[i]);
+  return count;
 }
