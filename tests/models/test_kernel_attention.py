@@ -106,6 +106,10 @@ def test_the_kernel_gives_the_ops_graphs_logits(family, kv_dtype, isa, tokenizer
     # input norm and Gemma's sandwich norms only
     sandwich = architectures.ARCHITECTURES[model.config.model_type].sandwich_norms
     assert kinds.count("SimplifiedLayerNormalization") == 1 + (2 * layers if sandwich else 0)
+    # a silu MLP's activation is ours too (the same bits as QuickGelu and Mul: its own test)
+    silu = architectures.ARCHITECTURES[model.config.model_type].activation == "silu"
+    assert kinds.count("GatedSilu") == (layers if silu else 0)
+    assert "QuickGelu" not in kinds and kinds.count("FastGelu") == (0 if silu else layers)
     prompt = max(prompts, key=len)
     reference, _ = _prefill(ops, prompt)
     ours, _ = _prefill(kernel, prompt)

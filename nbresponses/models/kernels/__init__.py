@@ -19,7 +19,9 @@ Operators (``register.cc`` adds them to the domain):
   (``fused._IntegerGraph(quantizer="kernel")``);
 - ``GroupProduct`` (``group_product.cc``): an integer product with a scale per group of input
   channels, weights and rows alike, in VNNI's vpdpbusd (``fused._IntegerGraph(grouped=...)``:
-  ``fused-int8-kernel``'s products).
+  ``fused-int8-kernel``'s products);
+- ``GatedSilu`` (``gated_silu.cc``): an MLP's silu(gate) * up in one node, the bits of ONNX
+  Runtime's QuickGelu and Mul (the kernel recipes' Llama-style MLPs).
 
 Besides the operators, one plain C function (``token_stats.cc``, called through ``ctypes``:
 ``token_stats``): a row of logits to a token's logprob, rank and entropy, which the engine
@@ -51,6 +53,7 @@ _SOURCES = (
     "quantize_rows.cc",
     "outlier_product.cc",
     "group_product.cc",
+    "gated_silu.cc",
     "token_stats.cc",
     "register.cc",
 )

@@ -7,6 +7,7 @@ const OrtCustomOp* KVAttentionOp();
 const OrtCustomOp* QuantizeRowsOp();
 const OrtCustomOp* OutlierProductOp();
 const OrtCustomOp* GroupProductOp();
+const OrtCustomOp* GatedSiluOp();
 
 extern "C" OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* base) {
   // the API of the headers it was built with; ONNX Runtime serves older versions (pyproject
@@ -15,7 +16,8 @@ extern "C" OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options,
   Ort::InitApi(api);
   OrtCustomOpDomain* domain = nullptr;
   if (OrtStatus* status = api->CreateCustomOpDomain("ai.nbresponses", &domain)) return status;
-  for (const OrtCustomOp* op : {KVAttentionOp(), QuantizeRowsOp(), OutlierProductOp(), GroupProductOp()})
+  for (const OrtCustomOp* op :
+       {KVAttentionOp(), QuantizeRowsOp(), OutlierProductOp(), GroupProductOp(), GatedSiluOp()})
     if (OrtStatus* status = api->CustomOpDomain_Add(domain, op)) return status;
   return api->AddCustomOpDomain(options, domain);
 }
