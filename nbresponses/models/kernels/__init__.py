@@ -254,7 +254,8 @@ class TokenStats:
     computation than numpy's (tests/models/test_token_stats.py)."""
 
     def __init__(self, path: Path) -> None:
-        function = ctypes.CDLL(str(path)).nbr_token_stats
+        loaded = ctypes.CDLL(str(path))
+        function = loaded.nbr_token_stats
         function.restype = ctypes.c_int64
         function.argtypes = [
             ctypes.c_void_p,
@@ -265,7 +266,7 @@ class TokenStats:
             ctypes.POINTER(ctypes.c_double),
         ]
         self._function = function
-        top = ctypes.CDLL(str(path)).nbr_top
+        top = loaded.nbr_top  # (logp, vocab, k, ids out, values out) -> how many
         top.restype = ctypes.c_int64
         top.argtypes = [
             ctypes.c_void_p,
