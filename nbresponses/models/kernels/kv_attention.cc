@@ -536,7 +536,8 @@ struct Kernel {
     // alike); a prompt's one at a time (its later blocks of positions see more columns: tasks
     // of several would leave a thread the heaviest at the end)
     const int64_t items = job.B * job.kv * job.blocks;
-    const int64_t threads = std::max<int64_t>(1, std::thread::hardware_concurrency());
+    // once a process: glibc reads /sys for it, and this runs every layer of every step
+    static const int64_t threads = std::max<int64_t>(1, std::thread::hardware_concurrency());
     job.per_task = job.blocks > 1 ? 1 : std::max<int64_t>(1, items / (4 * threads));
     const int64_t tasks = (items + job.per_task - 1) / job.per_task;
     ctx.ParallelFor(kernel, static_cast<size_t>(tasks), 0, &job);
