@@ -13,7 +13,8 @@ so it is treated as hostile. What is guaranteed, with the default ``isolation="b
 * **No network**: an empty network namespace (no interface but a down loopback), and
   ``socket`` refusing internet families as a second layer.
 * **Limits** (rlimits, per sandbox, with defaults): address space (``max_memory``, 1 GiB),
-  processes (``max_processes`` more than this user already runs), file size (256 MiB), open
+  processes (``max_processes`` more than this user already runs, threads counted as the kernel
+  counts them), file size (256 MiB), open
   files (256), CPU seconds (``max_cpu``, 600 across the sandbox's runs).
 * **Nothing outlives it**: closing the sandbox kills its PID namespace, so every process the
   code started (``setsid`` ones too) ends with it.
@@ -175,13 +176,23 @@ def _kernel() -> tuple[int, int]:
         return (0, 0)
 
 
-def _user_processes(uid: int) -> int:
-    """Processes of ``uid`` now (RLIMIT_NPROC counts them all, not the sandbox's alone)."""
+def _user_tasks(uid: int) -> int:
+    """Tasks whose real user is ``uid`` now: what RLIMIT_NPROC counts.
+
+    The kernel counts threads, not processes, and by real uid; ``/proc/<pid>``'s owner is the
+    effective uid, or root for a process made non-dumpable by a change of user (every sandbox's
+    driver). Counting directories by owner missed both, so another process of ``nobody`` with
+    threads (a daemon, a lingering sandbox) ate the sandbox's allowance and its forks failed.
+    """
     count = 0
     for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                count += entry.stat().st_uid == uid
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            with open(f"/proc/{entry.name}/status", "rb") as status:
+                fields = dict(line.split(b":", 1) for line in status if b":" in line)
+            if int(fields[b"Uid"].split()[0]) == uid:
+                count += int(fields[b"Threads"])
     return count
 
 
@@ -394,11 +405,11 @@ class PythonSandbox:
         return SANDBOX_UID if self.isolation == "bwrap" and _as_root() else os.getuid()
 
     def _process_limit(self) -> int:
-        """RLIMIT_NPROC counts a user's processes: all of them for a uid outside any user
+        """RLIMIT_NPROC counts a user's tasks: all of them for a uid outside any user
         namespace, and (Linux 5.14 on) only those inside one for a namespace's own user."""
         if self.isolation == "bwrap" and not _as_root() and _kernel() >= (5, 14):
             return self.max_processes
-        return _user_processes(self._uid) + self.max_processes
+        return _user_tasks(self._uid) + self.max_processes
 
     def _limits(self) -> dict[str, int]:
         """rlimits the driver sets on itself before any model code runs (soft = hard)."""

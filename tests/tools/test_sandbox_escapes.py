@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -119,27 +120,56 @@ async def test_nothing_outside_the_working_directory_is_writable(target: str) ->
     assert not Path(path).exists()
 
 
+FORKS = (
+    "import os, time\n"
+    "children = []\n"
+    "try:\n"
+    "    for _ in range(500):\n"
+    "        pid = os.fork()\n"
+    "        if pid == 0:\n"
+    "            time.sleep(30)\n"
+    "            os._exit(0)\n"
+    "        children.append(pid)\n"
+    "except OSError as e:\n"
+    "    print(len(children), type(e).__name__)\n"
+    "for pid in children:\n"
+    "    os.kill(pid, 9)\n"
+    "    os.waitpid(pid, 0)\n"
+)
+
+
 async def test_process_count_is_limited() -> None:
-    code = (
-        "import os, time\n"
-        "children = []\n"
-        "try:\n"
-        "    for _ in range(500):\n"
-        "        pid = os.fork()\n"
-        "        if pid == 0:\n"
-        "            time.sleep(30)\n"
-        "            os._exit(0)\n"
-        "        children.append(pid)\n"
-        "except OSError as e:\n"
-        "    print(len(children), type(e).__name__)\n"
-        "for pid in children:\n"
-        "    os.kill(pid, 9)\n"
-        "    os.waitpid(pid, 0)\n"
-    )
     async with PythonSandbox(timeout=20, max_processes=16) as sb:
-        count, error = (await run(sb, code)).split()
+        count, error = (await run(sb, FORKS)).split()
         assert 0 < int(count) < 16 and error == "BlockingIOError"
         assert await run(sb, "print('alive')") == "alive\n"
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not Path("/usr/bin/python3").exists() or not shutil.which("setpriv"),
+    reason="starts a process as the sandbox's user (root, setpriv and a system python)",
+)
+async def test_the_users_threads_elsewhere_leave_the_allowance() -> None:
+    """RLIMIT_NPROC counts every thread of ``nobody`` on the machine: a daemon of that user with
+    80 threads, counted as one process, once left the sandbox no fork at all (a CI failure)."""
+    holder = subprocess.Popen(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c",
+         "import threading, sys\n"
+         "done = threading.Event()\n"
+         "for _ in range(80):\n"
+         "    threading.Thread(target=done.wait, daemon=True).start()\n"
+         "print('ready', flush=True)\n"
+         "sys.stdin.read()\n"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
+        async with PythonSandbox(timeout=20, max_processes=16) as sb:
+            count, error = (await run(sb, FORKS)).split()
+            assert 0 < int(count) < 16 and error == "BlockingIOError"
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 async def test_memory_is_limited_by_default() -> None:
@@ -180,7 +210,7 @@ async def test_no_process_outlives_the_sandbox() -> None:
         "argv = ['setsid', sys.executable, '-c', 'import time; time.sleep(120)', "
         f"{token!r}]\n"
         "subprocess.Popen(argv, start_new_session=True, stdout=subprocess.DEVNULL,"
-        " stderr=subprocess.DEVNULL)\n"
+        " stderr=open('setsid.err', 'w'))\n"
     )
 
     def alive() -> int:
@@ -196,7 +226,8 @@ async def test_no_process_outlives_the_sandbox() -> None:
             if alive():
                 break
             await asyncio.sleep(0.05)
-        assert alive() == 1  # the probe sees it while the sandbox is open
+        # the probe sees it while the sandbox is open (else: what setsid said, e.g. a fork refused)
+        assert alive() == 1, await run(sb, "print(open('setsid.err').read())")
     for _ in range(40):
         if not alive():
             break
