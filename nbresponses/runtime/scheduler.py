@@ -565,9 +565,8 @@ class Scheduler:
 
     def _remove(self, indices: list[int]) -> None:
         if indices:
-            self.kv.remove(indices)
-            drop = set(indices)
-            self.rows = [r for i, r in enumerate(self.rows) if i not in drop]
+            order = self.kv.remove(indices)
+            self.rows = [self.rows[i] for i in order]
 
     def _emit(self, request: GenerateRequest, logits: np.ndarray) -> bool:
         """Choose a token, send its Step; True when the request is finished."""

@@ -3,9 +3,10 @@
 A request's steps (token ids, logprob and top-k floats, finish reason) must be bit-identical to
 its cold run alone on a fresh engine: again on the same engine (full prefix hit), after another
 prompt sharing part of it (partial hit), among batch-mates of other lengths (all starting
-together, or the request joining mid-stream while mates leave at other steps), in a full batch,
-on a restarted engine, and as the follow-up turn of a conversation (before and after the engine
-re-computed the first answer while idle). ``run_matrix`` returns the situations that differ.
+together, or the request joining mid-stream while mates leave at other steps, or taking the row
+a finished mate left), in a full batch, on a restarted engine, and as the follow-up turn of a
+conversation (before and after the engine re-computed the first answer while idle).
+``run_matrix`` returns the situations that differ.
 """
 
 from __future__ import annotations
@@ -127,6 +128,18 @@ async def run_matrix(
                 run_after(eng, started, target, params),
             )
             check("joining mid-stream", index, reference, results[-1])
+        async with generator(prefix_cache_bytes=0) as eng:
+            # three mates start together; when the shortest has left, the target takes the
+            # row it left (the batch keeps its buffers; the others moved up in place)
+            lengths = (40, 30, 4)
+            started = [
+                asyncio.ensure_future(mate(eng, mates[i % len(mates)], n))
+                for i, n in enumerate(lengths)
+            ]
+            await started[-1]
+            got = await run(eng, target, params)
+            await asyncio.gather(*started)
+            check("in a row a finished mate left", index, reference, got)
         async with generator(prefix_cache_bytes=0) as eng:
             fill = [mates[i % len(mates)] for i in range(max_batch_size - 1)]
             results = await asyncio.gather(

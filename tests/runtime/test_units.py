@@ -215,6 +215,52 @@ def test_end_padded_add_rows_at_once_equals_one_by_one():
     assert at_once.size == 3
 
 
+def _filled(length: int, value: float) -> list[np.ndarray]:
+    return [np.full((2, length, 4), value, np.float32)] * 2
+
+
+def test_end_padded_kv_reuses_the_rows_finished_requests_leave():
+    kv = EndPaddedKV(LAYOUT)
+    kv.add_rows([_filled(3, 1), _filled(5, 2), _filled(4, 3)])
+    store = kv._store[0]
+    assert kv.remove([0]) == [2, 1]  # the first leaves, the last takes its place, in place
+    assert kv.lengths == [4, 5] and kv._store[0] is store and kv._values[0].base is store
+    assert kv.nbytes == 3 * kv.capacity * LAYOUT.bytes_per_token  # the spare row is held
+    assert (kv.row(0)[0] == 3).all() and (kv.row(1)[1] == 2).all()
+    kv.add_rows([_filled(2, 4)])  # a newcomer takes the spare row: no re-allocation
+    assert kv._store[0] is store and kv.lengths == [4, 5, 2]
+    assert (kv.row(2)[0] == 4).all() and kv.row(2)[0].shape == (2, 2, 4)
+    assert (kv._values[0][2, :, 2:] == 0).all()  # no trace of the row's previous tenant (3s)
+    runner = _AppendingRunner(kv)
+    kv.step(runner, [7, 8, 9])
+    np.testing.assert_array_equal(runner.calls[-1][2], [[4], [5], [2]])
+    assert (kv.row(2)[0][:, 2] == 109).all() and kv.lengths == [5, 6, 3]
+    kv.add_rows([_filled(1, 5)])  # no spare row left: one re-allocation of all four
+    assert kv._store[0] is not store and kv.size == 4
+    assert (kv.row(2)[0][:, :2] == 4).all() and (kv.row(3)[0] == 5).all()
+    kv.remove([0, 1, 2])  # a quarter in use: re-made for the one row, memory given back
+    assert len(kv._store[0]) == 1 and kv.lengths == [1] and (kv.row(0)[0] == 5).all()
+    kv.remove([0])
+    assert kv.size == 0 and kv.nbytes == 0
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_end_padded_kv_removal_keeps_every_other_row(seed):
+    """Any rows leaving: each kept row's KV whole, at the place the returned order says."""
+    rng = np.random.default_rng(seed)
+    size = int(rng.integers(1, 12))
+    rows = [[rng.normal(size=(2, int(rng.integers(1, 9)), 4)).astype(np.float32)] * 2
+            for _ in range(size)]  # fmt: skip
+    kv = EndPaddedKV(LAYOUT)
+    kv.add_rows(rows)
+    gone = [int(j) for j in rng.choice(size, int(rng.integers(0, size + 1)), replace=False)]
+    order = kv.remove(gone)
+    assert sorted(order) == sorted(set(range(size)) - set(gone))
+    assert kv.lengths == [rows[j][0].shape[1] for j in order]
+    for place, j in enumerate(order):
+        np.testing.assert_array_equal(kv.row(place)[1], rows[j][1])
+
+
 def test_separate_kv_runs_each_row_alone_unpadded():
     kv = SeparateKV(LAYOUT)
     runner = _AppendingRunner()
