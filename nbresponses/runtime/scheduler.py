@@ -154,11 +154,7 @@ class Scheduler:
         self.max_batch_size = max_batch_size
         self.kv_budget_bytes = kv_budget_bytes
         self.prefix_cache = prefix_cache
-        self.kv: DecodingRows
-        if runner.kv_in_place:
-            self.kv = EndPaddedKV(runner.layout, reads_every_column=runner.reads_every_column)
-        else:
-            self.kv = SeparateKV(runner.layout)
+        self.kv = self._empty_kv()
         self.speculation = runner.exact_steps  # verify drafted tokens in a step (below)
         self.rows: list[GenerateRequest] = []
         self.steps = 0  # decode steps run (for tests and stats)
@@ -218,16 +214,36 @@ class Scheduler:
                 self._idle.clear()
                 if self._stopping:
                     break
-            self._drop_cancelled()
-            self._admit()
-            if self.rows:
-                self._decode()
-            elif not self._waiting and self._idle_work:
-                self._recompute_answer(self._idle_work.pop())
+            try:
+                self._drop_cancelled()
+                self._admit()
+                if self.rows:
+                    self._decode()
+                elif not self._waiting and self._idle_work:
+                    self._recompute_answer(self._idle_work.pop())
+            except Exception as exc:  # a fault of the engine's own: fail the rows, not hang them
+                self._fail_rows(exc)
         for request in [*self.rows, *self._waiting]:
             self._finish(request, Step((), finish_reason="cancelled"))
         self.rows.clear()
         self._waiting.clear()
+
+    def _empty_kv(self) -> DecodingRows:
+        if self.runner.kv_in_place:
+            return EndPaddedKV(
+                self.runner.layout, reads_every_column=self.runner.reads_every_column
+            )
+        return SeparateKV(self.runner.layout)
+
+    def _fail_rows(self, exc: Exception) -> None:
+        """End every running request with the error and start over with an empty batch: the
+        thread that decodes must outlive a bug (the requests waiting still run), else every
+        request, running or to come, waits forever."""
+        rows, self.rows = self.rows, []
+        self.kv = self._empty_kv()
+        for request in rows:
+            with contextlib.suppress(Exception):
+                self._finish(request, Step((), finish_reason="error", error=_describe(exc)))
 
     def _drop_cancelled(self) -> None:
         gone = [i for i, r in enumerate(self.rows) if r.cancelled]
@@ -288,10 +304,10 @@ class Scheduler:
                 if row is not None:
                     joined.append((request, row))
         finally:
-            self.kv.add_rows([row for _, row in joined])
-            self.rows.extend(request for request, _ in joined)
             with self._cond:  # anything not reached goes back to the front, in its order
                 self._waiting.extendleft(reversed(order[done:]))
+            self.rows.extend(request for request, _ in joined)  # (failed with them if this
+            self.kv.add_rows([row for _, row in joined])  # raises, not lost: _fail_rows)
 
     def _uncached_tokens(self, request: Queued) -> int:
         """The prompt tokens a request's prefill computes (what the prefix cache lacks)."""

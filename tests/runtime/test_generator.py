@@ -196,6 +196,30 @@ async def test_runtime_error_fails_one_request_only(generator, prompts, referenc
             assert tokens(steps) == references[i]
 
 
+async def test_an_engine_fault_ends_the_running_rows_and_the_engine_goes_on(
+    generator, prompts, references
+):
+    """A bug outside a model run (here: in dropping a finished row from the batch) ends the
+    rows it caught with an error; the decode thread lives on, so later requests still run
+    (it used to die, and every request, running or to come, waited forever)."""
+
+    def broken(indices):
+        raise RuntimeError("injected fault")
+
+    generator._scheduler.kv.remove = broken  # once: the batch is re-made after the fault
+    short, long = await asyncio.wait_for(
+        asyncio.gather(
+            collect(generator, prompts[0], SamplingParams(max_tokens=3, temperature=0)),
+            collect(generator, prompts[1], SamplingParams(max_tokens=20, temperature=0)),
+        ),
+        120,
+    )
+    assert tokens(short[0]) == references[0][:3] and short[0][-1].finish_reason == "length"
+    assert long[0][-1].finish_reason == "error" and "injected fault" in long[0][-1].error
+    steps, _ = await asyncio.wait_for(collect(generator, prompts[2], GREEDY), 120)
+    assert tokens(steps) == references[2]
+
+
 async def test_stop_tokens_max_tokens_and_context_length(generator, prompts, references):
     expected = references[0]
     stop = expected[3]
