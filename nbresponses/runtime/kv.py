@@ -201,7 +201,7 @@ class EndPaddedKV:
 
     def remove(self, indices: list[int]) -> list[int]:
         """Fill each gap with a row from the end (a copy of the rows that move, not of the
-        batch: every finished request re-made the whole batch's KV, ~2-4% of a 16-request
+        batch: every finished request re-made the whole batch's KV, ~2% of a 16-request
         run); the rows left at the end stay allocated for the next admission, unless at most
         half are in use (then one re-make gives the memory back). A row's place in the batch
         does not change its numbers; the caller re-orders its rows as returned."""
