@@ -202,20 +202,33 @@ async def test_an_engine_fault_ends_the_running_rows_and_the_engine_goes_on(
     """A bug outside a model run (here: in dropping a finished row from the batch) ends the
     rows it caught with an error; the decode thread lives on, so later requests still run
     (it used to die, and every request, running or to come, waited forever)."""
+    kv = generator._scheduler.kv
+    remove = kv.remove
 
     def broken(indices):
-        raise RuntimeError("injected fault")
+        if kv.size >= 2:  # the short request leaving while the long one runs
+            raise RuntimeError("injected fault")
+        return remove(indices)
 
-    generator._scheduler.kv.remove = broken  # once: the batch is re-made after the fault
-    short, long = await asyncio.wait_for(
-        asyncio.gather(
-            collect(generator, prompts[0], SamplingParams(max_tokens=3, temperature=0)),
-            collect(generator, prompts[1], SamplingParams(max_tokens=20, temperature=0)),
-        ),
-        120,
-    )
-    assert tokens(short[0]) == references[0][:3] and short[0][-1].finish_reason == "length"
-    assert long[0][-1].finish_reason == "error" and "injected fault" in long[0][-1].error
+    kv.remove = broken  # once: the batch is re-made after the fault
+    running = asyncio.Event()
+
+    async def long_one():
+        params = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
+        steps = []
+        async for step in generator.generate(prompts[1], params):
+            steps.append(step)
+            running.set()
+        return steps
+
+    async def short_one():
+        await running.wait()  # joins the long one's batch
+        return await collect(generator, prompts[0], SamplingParams(max_tokens=3, temperature=0))
+
+    long, (short, _) = await asyncio.wait_for(asyncio.gather(long_one(), short_one()), 120)
+    assert tokens(short) == references[0][:3] and short[-1].finish_reason == "length"
+    assert long[-1].finish_reason == "error" and "injected fault" in long[-1].error
+    assert len(tokens(long)) < 400
     steps, _ = await asyncio.wait_for(collect(generator, prompts[2], GREEDY), 120)
     assert tokens(steps) == references[2]
 
