@@ -187,10 +187,8 @@ class EndPaddedKV:
         if not rows:
             return
         size, lengths = self.size, [row[0].shape[1] for row in rows]
-        if not self._store or size + len(rows) > len(self._store[0]):
-            self._make(self._rows() + list(zip(rows, lengths, strict=True)))
-            return
-        if max(lengths) + 1 > self.capacity:  # the re-make leaves headroom for every row
+        spare = len(self._store[0]) - size if self._store else 0
+        if len(rows) > spare or max(lengths) + 1 > self.capacity:  # (a re-make leaves room)
             self._make(self._rows() + list(zip(rows, lengths, strict=True)))
             return
         for j, (row, n) in enumerate(zip(rows, lengths, strict=True)):
@@ -206,25 +204,24 @@ class EndPaddedKV:
         half are in use (then one re-make gives the memory back). A row's place in the batch
         does not change its numbers; the caller re-orders its rows as returned."""
         gone = set(indices)
-        order = [j for j in range(self.size) if j not in gone]
+        kept = [j for j in range(self.size) if j not in gone]
         if not gone:
-            return order
-        if not order:
+            return kept
+        if not kept:
             self.lengths, self._store, self._values, self._bound = [], [], [], []
-            return order
-        if 2 * len(order) <= len(self._store[0]):
+            return kept
+        if 2 * len(kept) <= len(self._store[0]):
             rows = self._rows()
-            self._make([rows[j] for j in order])
-            return order
-        order = list(range(self.size))
-        for hole in sorted(h for h in gone if h < self.size - len(gone)):
-            while order[-1] in gone:
-                order.pop()
-            last = order.pop()
+            self._make([rows[j] for j in kept])
+            return kept
+        size = len(kept)
+        order = list(range(size))
+        holes = [j for j in sorted(gone) if j < size]
+        movers = [j for j in kept if j >= size]  # as many as the holes
+        for hole, mover in zip(holes, movers, strict=True):
             for store in self._store:
-                store[hole] = store[last]  # the whole row, its spare columns too
-            order[hole] = last
-        del order[self.size - len(gone) :]
+                store[hole] = store[mover]  # the whole row, its spare columns too
+            order[hole] = mover
         self._use([self.lengths[j] for j in order])
         return order
 
@@ -291,9 +288,10 @@ class SeparateKV:
 
     def remove(self, indices: list[int]) -> list[int]:
         gone = set(indices)
-        self._pasts = [p for j, p in enumerate(self._pasts) if j not in gone]
-        self.lengths = [n for j, n in enumerate(self.lengths) if j not in gone]
-        return [j for j in range(len(self.lengths) + len(gone)) if j not in gone]
+        kept = [j for j in range(self.size) if j not in gone]
+        self._pasts = [self._pasts[j] for j in kept]
+        self.lengths = [self.lengths[j] for j in kept]
+        return kept
 
     def row(self, index: int) -> RowKV:
         return [_numpy(v)[0] for v in self._pasts[index]]

@@ -306,8 +306,9 @@ class Scheduler:
         finally:
             with self._cond:  # anything not reached goes back to the front, in its order
                 self._waiting.extendleft(reversed(order[done:]))
-            self.rows.extend(request for request, _ in joined)  # (failed with them if this
-            self.kv.add_rows([row for _, row in joined])  # raises, not lost: _fail_rows)
+            # rows first: if the KV call raises, _fail_rows ends them rather than losing them
+            self.rows.extend(request for request, _ in joined)
+            self.kv.add_rows([row for _, row in joined])
 
     def _uncached_tokens(self, request: Queued) -> int:
         """The prompt tokens a request's prefill computes (what the prefix cache lacks)."""
