@@ -477,9 +477,12 @@ def report(samples: list[Sampled], base: str, workloads: list[Workload], max_tok
             print(f"| {w.name} | {system} | {same}/{max(len(a), len(b))} | {where} |")
     for s in samples:
         if s.case.system.startswith("engine") and s.case.scenario.n > 1:
+            # like for like with x1's decode speed, which is also measured after first tokens
+            own = by.get((s.case.system, s.case.workload, "x1"))
+            ratio = _ratio(s.metrics["steady_tps"], own.metrics["decode_tps"] if own else None)
             print(
                 f"{s.case.system} {s.case.workload} {s.case.scenario.label}: once all are "
-                f"decoding {s.metrics['steady_tps']:.0f} tok/s"
+                f"decoding {s.metrics['steady_tps']:.0f} tok/s ({ratio} own x1)"
             )
 
 

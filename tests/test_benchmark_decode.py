@@ -50,3 +50,21 @@ def test_workloads_are_cold_mixed_and_grounded(tokenizer) -> None:
     assert max(map(len, chat.mixed)) > 4 * min(map(len, chat.mixed))  # mixed lengths
     assert min(map(len, grounded.mixed)) > 200  # a text of a few hundred tokens to work on
     assert workloads.TEXTS[0].split(". ")[0] in tokenizer.decode(grounded.single)
+
+
+def test_the_steady_rate_is_set_against_the_own_batch_1_decode(capsys) -> None:
+    # the x16 aggregate carries the prompts' prefill; x1's decode and the steady rate do not
+    def sampled(n: int, **metrics: float) -> decode.Sampled:
+        base = dict.fromkeys(("ttft_p50", "ttft_p95", "aggregate_tps", "steady_tps"), 1.0)
+        case = decode.Case("engine fused-q8", "chat", decode.Scenario(n), lambda: [])
+        return decode.Sampled(case, {**base, **metrics}, [1, 2, 3])
+
+    samples = [
+        sampled(1, decode_tps=160.0),
+        sampled(16, decode_tps=50.0, aggregate_tps=640.0, steady_tps=960.0),
+    ]
+    chat = workloads.Workload("chat", [1, 2], [[1, 2]] * 16)
+    decode.report(samples, "fused-q8", [chat], 128)
+    out = capsys.readouterr().out
+    assert "engine fused-q8 chat x16: once all are decoding 960 tok/s (6.00x own x1)" in out
+    assert "| 640.0 | 4.00x |" in out  # the aggregate, against the same x1
