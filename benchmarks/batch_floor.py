@@ -11,8 +11,8 @@ own batch-1 decode, from ``decode.py`` in the same session).
 
 The peer, in the same rounds: ONNX Runtime's own u8 x s8 ``MatMulInteger`` (MLAS) on the same
 shapes, random int8 weights of the same sizes, its input already quantized. It does less than a
-``GroupProduct`` (no activation quantization, no scales, no outlier channels: int32 out), so it is
-a floor for any 8-bit product a library computes on this CPU, not only for ours.
+``GroupProduct`` (no activation quantization, no scales, no outlier channels: int32 out), so it
+tells what ONNX Runtime's own integer GEMM, well tuned for this CPU, would leave of the budget.
 
     python benchmarks/batch_floor.py [--recipe fused-int8-kernel] [--rounds 3] [--tokens 128]
 """
