@@ -1,13 +1,14 @@
 """Tokens scored per second: the engine's scorings against llama.cpp and PyTorch, in one run.
 
 The corpus is the built-in fidelity set's conversations (``models/fidelity_set.py``), joined
-into 8 documents of about 370 tokens (~2,900 tokens in all; ``--documents 8``: 16 of about 185),
-scored as plain text: the logprob of every token given the ones before it. Systems,
-round-robin, medians of ``--rounds``:
+into 8 documents of about 370 tokens (~2,900 tokens in all; ``--documents 8``: 16 of about 185;
+``--words 8``: 64 texts of 8 words), scored as plain text: the logprob of every token given the
+ones before it. Systems, round-robin, medians of ``--rounds``:
 
 - the engine (``Engine.score_many``), for each recipe in ``--recipes``, ``method="prefill"``
-  (every position in prefill runs) and ``method="decode"`` (each token as a generation step,
-  8 documents batched), with exact ranks and entropies;
+  (every position in prefill runs; short texts queued together share runs) and
+  ``method="decode"`` (each token as a generation step, 8 documents batched), with exact ranks
+  and entropies; with ``--alone``, also prefill with every text in runs of its own;
 - llama.cpp (``llama-cpp-python``, when installed) on the bundled model requantized to Q8_0:
   one ``eval`` of each document with ``logits_all`` and a numpy log-softmax;
 - PyTorch fp32: one forward pass per document and ``log_softmax``.
@@ -52,8 +53,19 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
-def engine_runner(engine: nbr.Engine, texts: list[str], method: str) -> Callable[[], dict]:
+def short_texts(words: int, most: int = 64) -> list[str]:
+    """The corpus's words in texts of ``words`` words each (at most ``most`` texts): short
+    scorings, as of sentences or minimal pairs, where a run's fixed cost counts."""
+    every = " ".join(corpus(4)).split()
+    return [" ".join(every[i : i + words]) for i in range(0, len(every) - words + 1, words)][:most]
+
+
+def engine_runner(
+    engine: nbr.Engine, texts: list[str], method: str, together: bool = True
+) -> Callable[[], dict]:
     async def run() -> dict:
+        if engine.generator.runner.exact_steps:
+            engine.generator.scoring_together = together
         start = time.perf_counter()
         scorings = [
             s
@@ -121,10 +133,18 @@ def main() -> None:
         default=4,
         help="the set's turns in 2x this many documents (4: ~370 tokens each; 8: ~185)",
     )
+    parser.add_argument(
+        "--words", type=int, default=0, help="short texts of this many words instead (64 at most)"
+    )
     parser.add_argument("--methods", nargs="+", default=["prefill", "decode"])
+    parser.add_argument(
+        "--alone",
+        action="store_true",
+        help="also prefill with each text in runs of its own (scoring_together off)",
+    )
     args = parser.parse_args()
 
-    texts = corpus(args.documents)
+    texts = short_texts(args.words) if args.words else corpus(args.documents)
     engines = {}
     for recipe in args.recipes:
         prepared = prepare_model(None, recipe, progress=False)
@@ -139,6 +159,10 @@ def main() -> None:
     for recipe, engine in engines.items():
         for method in args.methods:
             systems[f"engine {recipe} {method}"] = engine_runner(engine, texts, method)
+        if args.alone and "prefill" in args.methods and engine.generator.runner.exact_steps:
+            systems[f"engine {recipe} prefill, each text alone"] = engine_runner(
+                engine, texts, "prefill", together=False
+            )
     if "llama.cpp" not in args.skip:
         try:
             gguf = bundled_q8_0_gguf(first.prepared.path.parent.parent / "llama.cpp")
@@ -172,6 +196,14 @@ def main() -> None:
                 d = np.abs(ours - theirs)
                 fidelity = f"{d.mean():.2e} / {d.max():.2e}"
         print(f"| {name} | {speed[name]:.0f} | {ratio} | {fidelity} |")
+    for name in results:
+        if name.endswith(", each text alone"):
+            shared = results[name.removesuffix(", each text alone")][0]["logprobs"]
+            same = all(
+                np.array_equal(a, b)
+                for a, b in zip(shared, results[name][0]["logprobs"], strict=True)
+            )
+            print(f"{name.removesuffix(', each text alone')}: the same logprobs alone: {same}")
     for engine in engines.values():
         engine.generator.close_sync()
 

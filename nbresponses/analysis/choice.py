@@ -1,8 +1,9 @@
 """Multiple choice on the engine: score each option after its question (and, for PMI, after a
 neutral context), batched, into the frames of ``nbresponses.frames.choice``.
 
-The options of one question are submitted together, so they run in one batch and share the
-question's prompt through the prefix cache; several questions run ``concurrency`` at a time.
+The options of one question are submitted together: on this kernel's engine the first computes
+the question, and the others then take it from the prefix cache and run as the rows of one
+graph run (``runtime/together.py``); several questions run ``concurrency`` at a time.
 The unconditional scorings depend on the option text alone: each distinct option is scored
 after the neutral context once. Any backend will do (``ScoringBackend``): this kernel's, or a
 server's (``nbr.RemoteEngine``).

@@ -430,6 +430,20 @@ class TokenGenerator:
             raise ValueError(f"{self.prepared.recipe!r} graphs have no exact multi-token steps")
         self._scheduler.speculation = on
 
+    @property
+    def scoring_together(self) -> bool:
+        """Whether short scoring jobs queued together run as the rows of one graph run
+        (``runtime/together.py``): on by default for graphs with exact multi-token steps,
+        unavailable on others. It changes the speed only, never a logprob, so off is for
+        comparing speeds (and tests)."""
+        return self._scheduler.scoring_together
+
+    @scoring_together.setter
+    def scoring_together(self, on: bool) -> None:
+        if on and not self.runner.exact_steps:
+            raise ValueError(f"{self.prepared.recipe!r} graphs have no exact multi-token steps")
+        self._scheduler.scoring_together = on
+
     def stats(self) -> dict[str, Any]:
         """Load and memory now: rows, the decoding KV and the prefix cache (``TokenSource``).
 

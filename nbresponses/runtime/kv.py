@@ -96,7 +96,7 @@ class StepsRunner(Protocol):
     """What multi-token steps need of the runner (``runner.OnnxRunner.run_steps``)."""
 
     def run_steps(
-        self, input_ids: np.ndarray, position_ids: np.ndarray, past: list[Any]
+        self, input_ids: np.ndarray, position_ids: np.ndarray, past: list[Any], keep: int = 0
     ) -> np.ndarray: ...
 
 
@@ -236,18 +236,20 @@ class EndPaddedKV:
         n = self.lengths[index]
         return [np.array(a[index, :, :n]) for a in self._values]
 
-    def step_tokens(self, runner: StepsRunner, tokens: list[list[int]]) -> np.ndarray:
+    def step_tokens(
+        self, runner: StepsRunner, tokens: list[list[int]], keep: int = 0
+    ) -> np.ndarray:
         """Feed row i the tokens ``tokens[i]`` (at least one each; graphs with
         ``runner.exact_steps`` only); returns the logits of every position, [B, S, vocab],
-        where S is the longest list. Shorter rows are padded after their own tokens: the
-        padding's keys land in the row's spare columns, past its length, where no token looks
-        and the next step overwrites them."""
+        where S is the longest list, or of the last ``keep`` positions, [B, keep, vocab]. Shorter
+        rows are padded after their own tokens: the padding's keys land in the row's spare
+        columns, past its length, where no token looks and the next step overwrites them."""
         count = max(len(t) for t in tokens)
         if self.width + count > self.capacity:  # room for this step and the headroom after it
             self._make(self._rows(), spare=count)
         ids = np.array([t + t[-1:] * (count - len(t)) for t in tokens], np.int64)
         positions = np.array([[n + j for j in range(count)] for n in self.lengths], np.int64)
-        logits = runner.run_steps(ids, positions, self._bound)
+        logits = runner.run_steps(ids, positions, self._bound, keep)
         self.lengths = [n + len(t) for n, t in zip(self.lengths, tokens, strict=True)]
         return logits
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -42,6 +43,14 @@ class PrefixCacheStats:
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "hit_rate": self.hit_rate, "token_reuse": self.token_reuse}
+
+
+def common_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many tokens two sequences share from their start (compared in numpy: prompts of
+    thousands of tokens)."""
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(np.asarray(a[:n], np.int64) != np.asarray(b[:n], np.int64))
+    return int(differ[0]) if differ.size else n
 
 
 class PrefixCache:
@@ -86,15 +95,13 @@ class PrefixCache:
         default one token remains to compute logits from). (0, None) when nothing matches."""
         if not prompt or self.budget_bytes <= 0:
             return 0, None
-        query = np.asarray(prompt, np.int64)
         best, best_key = 0, None
         with self._lock:
             for key in self._entries:
-                n = min(len(key), len(query) - leave)
+                n = min(len(key), len(prompt) - leave)
                 if n <= best:
                     continue
-                differ = np.flatnonzero(np.asarray(key[:n], np.int64) != query[:n])
-                common = int(differ[0]) if differ.size else n
+                common = common_length(key[:n], prompt[:n])
                 if common > best:
                     best, best_key = common, key
             if best_key is None:

@@ -108,10 +108,13 @@ class OnnxRunner:
         *,
         in_place: bool = False,
         position: int | None = -1,
+        keep: int = 0,
     ) -> tuple[np.ndarray, list[Any]]:
         """Logits of one position of every row ([B, V] float32; the last one by default, or
-        ``position`` counted from the end, -1 or -2; with ``position=None``, every position of
-        one row, [S, V]) and the present KV.
+        ``position`` counted from the end, -1 or -2; with ``position=None``, the last ``keep``
+        positions of one row, [keep, V], or with ``keep`` 0 every position) and the present KV.
+        Positions not kept skip the LM head (a scoring run needs no logits before the first
+        scored token); the kept ones are the same bits.
 
         ``in_place`` (graphs with ``kv_in_place`` only; one new token per row): ``past`` are
         OrtValue buffers with room for the new columns; they are updated and returned as the
@@ -121,7 +124,7 @@ class OnnxRunner:
             logits, present = self._run_in_place(input_ids, attention_mask, position_ids, past)
             return logits[:, -1, :], present
         if self.exact_steps:
-            return self._run_with_room(input_ids, position_ids, past, position)
+            return self._run_with_room(input_ids, position_ids, past, position, keep)
         given = {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
@@ -129,8 +132,8 @@ class OnnxRunner:
         }
         feeds = {name: _ortvalue(given[name]) for name in self._inputs}
         if self.last_logits_only:
-            keep = 0 if position is None else -position  # 0: every position
-            feeds[LOGITS_TO_KEEP] = _ortvalue(np.array([keep], np.int64))
+            kept = keep if position is None else -position  # 0: every position
+            feeds[LOGITS_TO_KEEP] = _ortvalue(np.array([kept], np.int64))
         for name, value in zip(self.layout.past_names, past, strict=True):
             feeds[name] = _ortvalue(value)
         outputs = self.session.run_with_ort_values(self._outputs, feeds)
@@ -152,13 +155,16 @@ class OnnxRunner:
         attention_mask: np.ndarray,
         position_ids: np.ndarray,
         past: list[Any],
+        keep: int = 0,
     ) -> tuple[np.ndarray, list[Any]]:
         if not self.kv_in_place:
             raise ValueError(f"{self.model_path} does not support in-place KV")
         binding = self._binding
-        # IOBinding cannot bind an overridable initializer: ``num_logits_to_keep`` keeps its
-        # default (all positions), which for a decode step is the one position anyway.
-        shape = (*input_ids.shape, self.vocab_size)
+        # IOBinding cannot bind an overridable initializer: on graphs without the input,
+        # ``num_logits_to_keep`` keeps its default (all positions), which for a decode step is
+        # the one position anyway.
+        kept = keep if self.exact_steps and 0 < keep < input_ids.shape[1] else input_ids.shape[1]
+        shape = (input_ids.shape[0], kept, self.vocab_size)
         if binding is None or past is not self._bound_past or self._logits.shape != shape:
             binding = self.session.io_binding()
             for name, out, value in zip(
@@ -182,19 +188,22 @@ class OnnxRunner:
         for name, value in zip(self._inputs, feeds, strict=True):
             binding.bind_cpu_input(name, value)
         if self.exact_steps:
-            feeds.append(np.zeros(1, np.int64))  # num_logits_to_keep: every position
+            feeds.append(np.array([kept % input_ids.shape[1]], np.int64))  # 0: every position
             binding.bind_cpu_input(LOGITS_TO_KEEP, feeds[-1])
         self.session.run_with_iobinding(binding)  # ``feeds`` stays alive until here
         return self._logits, past
 
     def run_steps(
-        self, input_ids: np.ndarray, position_ids: np.ndarray, past: list[Any]
+        self, input_ids: np.ndarray, position_ids: np.ndarray, past: list[Any], keep: int = 0
     ) -> np.ndarray:
         """Several new tokens per row into in-place buffers (``exact_steps`` graphs only): the
-        logits of every position, [B, S, V], valid until the next run."""
+        logits of every position, [B, S, V], or of the last ``keep``, [B, keep, V], valid until
+        the next run."""
         if not self.exact_steps:
             raise ValueError(f"{self.model_path} cannot run several tokens per row in a batch")
-        logits, _ = self._run_in_place(input_ids, np.empty((0, 0), np.int64), position_ids, past)
+        logits, _ = self._run_in_place(
+            input_ids, np.empty((0, 0), np.int64), position_ids, past, keep
+        )
         return logits
 
     def _run_with_room(
@@ -203,6 +212,7 @@ class OnnxRunner:
         position_ids: np.ndarray,
         past: list[Any],
         position: int | None,
+        keep: int = 0,
     ) -> tuple[np.ndarray, list[Any]]:
         """A run of an ``exact_steps`` graph on a past without room: copy it into buffers with
         room for the new tokens, which the graph then fills in place (they are the present)."""
@@ -220,7 +230,8 @@ class OnnxRunner:
             # ours, reused from run to run: a fresh output, copied out by ``.numpy()``, cost a
             # page fault per 4 KiB and a copy (benchmarks/README.md). The caller reads them
             # before its next run (``Scheduler._extend``).
-            full = self._reused_logits((batch, count, self.vocab_size))
+            keep = keep if 0 < keep < count else 0
+            full = self._reused_logits((batch, keep or count, self.vocab_size))
             binding.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(full))
         else:
             binding.bind_output("logits")  # first: ``get_outputs()`` lists them in binding order
@@ -230,7 +241,7 @@ class OnnxRunner:
         ):
             binding.bind_ortvalue_input(name, value)
             binding.bind_ortvalue_output(out, value)
-        keep = 0 if position is None else -position  # 0: every position
+        keep = keep if position is None else -position  # 0: every position
         feeds = {
             "input_ids": np.ascontiguousarray(input_ids, np.int64),
             "position_ids": np.ascontiguousarray(position_ids, np.int64),

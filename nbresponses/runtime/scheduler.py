@@ -3,7 +3,8 @@
 Each iteration (1) drops cancelled rows, (2) admits waiting requests in FIFO order while the batch
 size and KV budget allow, prefilling each one alone, shortest first (reusing cached prefix KV;
 identical prompts admitted together are prefilled once), and merging them into the running
-batch, then (3) runs one decode step for every row: one token each, or, when rows have drafts
+batch, and scores the round's scoring jobs (short ones as the rows of one run: ``together``),
+then (3) runs one decode step for every row: one token each, or, when rows have drafts
 that pay for a wider step (``speculation``), each row's last token plus its draft, verified at
 once. Finished rows leave at once.
 ONNX Runtime releases the GIL while it computes, so the asyncio loop that consumes the steps (a
@@ -44,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from nbresponses.runtime import sampling
+from nbresponses.runtime import sampling, together
 from nbresponses.runtime.constraints import MaskWorker, RowConstraint
 from nbresponses.runtime.kv import DecodingRows, EndPaddedKV, RowKV, SeparateKV
 from nbresponses.runtime.prefix_cache import PrefixCache
@@ -156,6 +157,7 @@ class Scheduler:
         self.prefix_cache = prefix_cache
         self.kv = self._empty_kv()
         self.speculation = runner.exact_steps  # verify drafted tokens in a step (below)
+        self.scoring_together = runner.exact_steps  # short scoring jobs share runs (below)
         self.rows: list[GenerateRequest] = []
         self.steps = 0  # decode steps run (for tests and stats)
         self._waiting: deque[Queued] = deque()
@@ -264,7 +266,8 @@ class Scheduler:
 
     def _admit(self) -> None:
         """Take every waiting request that fits, prefill them shortest first, then merge them
-        into the batch at once.
+        into the batch at once; the round's scoring jobs run after the prefills
+        (``_score_all``: short ones as the rows of one run).
 
         Which requests a round takes is FIFO (the first that does not fit ends the round, so
         nobody starves); only the order of their prefills changes. Each request's first token
@@ -286,6 +289,7 @@ class Scheduler:
         order = sorted(taken, key=self._uncached_tokens) if len(taken) > 1 else taken
         joined: list[tuple[GenerateRequest, RowKV]] = []
         shared: dict[tuple[int, ...], tuple[np.ndarray, RowKV]] = {}  # this round's prefills
+        scoring: list[ScoreRequest] = []  # run after the prefills, short ones together
         done = 0
         try:
             for request in order:
@@ -294,7 +298,7 @@ class Scheduler:
                     self._finish(request, Step((), finish_reason="cancelled"))
                     continue
                 if isinstance(request, ScoreRequest):
-                    self._score(request)
+                    scoring.append(request)
                     continue
                 try:
                     row = self._prefill(request, shared)
@@ -303,9 +307,11 @@ class Scheduler:
                     continue
                 if row is not None:
                     joined.append((request, row))
+            self._score_all(scoring)
         finally:
             with self._cond:  # anything not reached goes back to the front, in its order
-                self._waiting.extendleft(reversed(order[done:]))
+                unscored = [r for r in scoring if not r.done]
+                self._waiting.extendleft(reversed(unscored + order[done:]))
             # rows first: if the KV call raises, _fail_rows ends them rather than losing them
             self.rows.extend(request for request, _ in joined)
             self.kv.add_rows([row for _, row in joined])
@@ -324,11 +330,13 @@ class Scheduler:
         chunk: int,
         abort: Callable[[], bool] | None = None,
         each_run: Callable[[int, np.ndarray], None] | None = None,
+        logits_from: int = 0,
     ) -> tuple[np.ndarray, RowKV] | None:
         """Compute the KV of ``tokens[start:]`` by prefill runs, given the KV of the first
         ``start`` tokens (``past``). Returns the last token's logits and the KV of all tokens,
-        or None when ``abort()`` said so between runs. ``each_run(begin, logits)`` gets every
-        position's logits of each run (its first position ``begin``; a scoring job's)."""
+        or None when ``abort()`` said so between runs. ``each_run(begin, logits)`` gets the
+        logits of each run's positions from ``logits_from`` on (at least its last two: the
+        LM head skips the others), ``begin`` the first of them (a scoring job's)."""
         start, past = even_start(tokens, start, past)
         count = len(tokens) - start
         padded = tokens + tokens[-1:] * (count % 2)  # the dummy: any valid id will do
@@ -345,9 +353,12 @@ class Scheduler:
             # the last real token is the run's last, or its second-to-last before the dummy
             last = -1 - max(0, end - len(tokens))
             position = None if each_run is not None else last
-            logits, values = self.runner.run(ids, mask, positions, values, position=position)
-            if each_run is not None:
-                each_run(begin, logits)
+            first = max(begin, min(logits_from, end - 2))
+            logits, values = self.runner.run(
+                ids, mask, positions, values, position=position, keep=end - first
+            )
+            if each_run is not None:  # the last positions (all where a graph keeps all)
+                each_run(end - len(logits), logits)
                 logits = logits[[last]]  # the last real token's, as a run without the hook
             begin = end
         assert logits is not None
@@ -398,43 +409,85 @@ class Scheduler:
             return None
         return row
 
-    def _score(self, request: ScoreRequest) -> None:
-        """A scoring job: prefill runs with the logits of every position, each run's scored
-        tokens sent as one step. Runs of ``SCORE_CHUNK`` tokens, between which decoding rows
-        wait (a long text delays them by one run at a time)."""
-        tokens, start = request.prompt, request.start
-
-        def send(begin: int, logits: np.ndarray) -> None:
-            # positions [begin, end) predict tokens [begin + 1, end + 1)
-            first, last = max(start, begin + 1), min(begin + len(logits) + 1, len(tokens))
-            scored = tuple(
-                sampling.token_logprob(
-                    logits[p - 1 - begin],
-                    tokens[p],
-                    request.top_logprobs,
-                    details=True,
-                    distribution=request.distribution,
-                    native=self.runner.token_stats,
-                )
-                for p in range(first, last)
+    def _score_all(self, requests: list[ScoreRequest]) -> None:
+        """An admission round's scoring jobs, in their order: short ones as the rows of one
+        run (``together.next_group``), the others alone (``_score``). Each group looks the
+        prefix cache up afresh, so a job that waited for a group's shared beginning gets it."""
+        pending = list(requests)
+        while pending:
+            for request in [r for r in pending if r.cancelled]:
+                self._finish(request, Step((), finish_reason="cancelled"))
+            pending = [r for r in pending if not r.cancelled]
+            if not pending:
+                return
+            if not self.scoring_together:  # rows of one run need equal bits at every shape
+                self._score(pending.pop(0))
+                continue
+            looked = [self.prefix_cache.lookup(r.reusable) for r in pending]
+            group = together.next_group(
+                [
+                    (r.prompt, cached, len(r.reusable) - 1)
+                    for r, (cached, _) in zip(pending, looked, strict=True)
+                ],
+                max_tokens=SCORE_CHUNK,
+                reuse=self.prefix_cache.budget_bytes > 0,
             )
-            if scored:
-                request.stats = dataclasses.replace(
-                    request.stats, output_tokens=request.stats.output_tokens + len(scored)
-                )
-                if last == len(tokens):
-                    self._finish(request, Step(tokens[first:last], scored, finish_reason="length"))
-                else:
-                    self._send(request, Step(tokens[first:last], scored))
+            chosen = [(pending[i], *looked[i]) for i in group]
+            pending = [r for i, r in enumerate(pending) if i not in set(group)]
+            if len(chosen) == 1:
+                self._score(chosen[0][0])
+            else:
+                self._score_rows(chosen)
 
+    def _score_rows(self, jobs: list[tuple[ScoreRequest, int, RowKV | None]]) -> None:
+        """Scoring jobs (each with its cached tokens and their KV) as the rows of one run, on
+        buffers of their own: the decoding batch's rows are not in it."""
+        kv = EndPaddedKV(self.runner.layout, reads_every_column=self.runner.reads_every_column)
+        empty = [a[0] for a in self.runner.layout.empty()]
+        fed = [list(request.prompt[cached:]) for request, cached, _ in jobs]
+        # logits from each row's first scored token's predecessor on: the run keeps the
+        # positions from the earliest of those (the LM head skips the ones before)
+        skipped = min(max(0, request.start - 1 - cached) for request, cached, _ in jobs)
+        width = max(len(f) for f in fed)
+        try:
+            kv.add_rows([empty if past is None else past for _, _, past in jobs])
+            logits = kv.step_tokens(self.runner, fed, keep=width - skipped)
+            skipped = width - logits.shape[1]
+        except Exception:  # one bad job must fail alone: each runs by itself
+            for request, _, _ in jobs:
+                self._score(request)
+            return
+        for i, (request, cached, _) in enumerate(jobs):
+            try:
+                request.stats = dataclasses.replace(
+                    request.stats, prompt_tokens=request.start, cached_tokens=cached
+                )
+                self.prefix_cache.served(len(request.prompt), cached)
+                self._deliver(request, cached + skipped, logits[i, : len(fed[i]) - skipped])
+                if self.prefix_cache.budget_bytes > 0:  # (a row's KV is a copy)
+                    self.prefix_cache.store(request.prompt, kv.row(i))
+            except Exception as exc:
+                self._finish(request, Step((), finish_reason="error", error=_describe(exc)))
+
+    def _score(self, request: ScoreRequest) -> None:
+        """A scoring job alone: prefill runs with the logits of every position, each run's
+        scored tokens sent as one step. Runs of ``SCORE_CHUNK`` tokens, between which decoding
+        rows wait (a long text delays them by one run at a time)."""
+        tokens = request.prompt
         try:
             cached, past = even_start(tokens, *self.prefix_cache.lookup(request.reusable))
             request.stats = dataclasses.replace(
-                request.stats, prompt_tokens=start, cached_tokens=cached
+                request.stats, prompt_tokens=request.start, cached_tokens=cached
             )
             self.prefix_cache.served(len(tokens), cached)
             computed = self._extend(
-                tokens, cached, past, SCORE_CHUNK, lambda: request.cancelled, each_run=send
+                tokens,
+                cached,
+                past,
+                SCORE_CHUNK,
+                lambda: request.cancelled,
+                each_run=lambda begin, logits: self._deliver(request, begin, logits),
+                logits_from=request.start - 1,
             )
             if computed is None:
                 self._finish(request, Step((), finish_reason="cancelled"))
@@ -442,6 +495,31 @@ class Scheduler:
             self.prefix_cache.store(tokens, computed[1])
         except Exception as exc:  # one bad job must not stop the others
             self._finish(request, Step((), finish_reason="error", error=_describe(exc)))
+
+    def _deliver(self, request: ScoreRequest, begin: int, logits: np.ndarray) -> None:
+        """Send the scored tokens of a run: its positions [begin, begin + len(logits))
+        predict tokens [begin + 1, ...); the job ends with its last token."""
+        tokens = request.prompt
+        first, last = max(request.start, begin + 1), min(begin + len(logits) + 1, len(tokens))
+        scored = tuple(
+            sampling.token_logprob(
+                logits[p - 1 - begin],
+                tokens[p],
+                request.top_logprobs,
+                details=True,
+                distribution=request.distribution,
+                native=self.runner.token_stats,
+            )
+            for p in range(first, last)
+        )
+        if scored:
+            request.stats = dataclasses.replace(
+                request.stats, output_tokens=request.stats.output_tokens + len(scored)
+            )
+            if last == len(tokens):
+                self._finish(request, Step(tokens[first:last], scored, finish_reason="length"))
+            else:
+                self._send(request, Step(tokens[first:last], scored))
 
     def _recompute_answer(self, tokens: tuple[int, ...]) -> None:
         """Give the prefix cache a finished request's prompt + answer, computed by prefill as a

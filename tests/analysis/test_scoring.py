@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from helpers.engine import PROMPTS, chat_ids
+from helpers.engine import PROMPTS, chat_ids, score_at_once, scored_numbers, steps_of
 from helpers.server import eventually
 
 import nbresponses as nbr
@@ -136,6 +136,63 @@ async def test_score_many_keeps_order_and_stops_cleanly(engine):
         break
     await stream.aclose()  # the unread ones are cancelled, nothing hangs
     await eventually(lambda: engine.generator.running == 0 and engine.generator.waiting == 0)
+
+
+async def test_short_texts_at_once_share_runs_with_the_numbers_each_gets_alone(
+    engine, tokenizer, monkeypatch
+):
+    generator = engine.generator
+    documents = [tokenizer.encode(f"{w} is the word of the day, {w}.") for w in (
+        "Sun", "Moon", "Rain", "A long winding river", "Snow", "Wind", "Stone", "Leaf"
+    )]  # fmt: skip
+    rows: list[int] = []
+    run_steps = generator.runner.run_steps
+
+    def counted(ids, positions, past, keep=0):
+        rows.append(ids.shape[0])
+        return run_steps(ids, positions, past, keep)
+
+    monkeypatch.setattr(generator.runner, "run_steps", counted)
+    generator.prefix_cache.clear()
+    together = await score_at_once(generator, documents)
+    assert rows and max(rows) > 1 and sum(rows) == len(documents)  # rows of shared runs
+    generator.prefix_cache.clear()
+    # one at a time: each job alone in its round, in runs of its own
+    alone = [await steps_of(generator.score(ids, top_logprobs=3)) for ids in documents]
+    assert sum(rows) == len(documents)
+    assert [scored_numbers(s) for s in together] == [scored_numbers(s) for s in alone]
+    assert [s[-1].finish_reason for s in together] == ["length"] * len(documents)
+
+
+async def test_options_after_one_question_reuse_it_rather_than_compute_it_again(engine, tokenizer):
+    generator = engine.generator
+    question = tokenizer.encode("Which of these is a colour that the sky can have at noon? Answer:")
+    options = [question + tokenizer.encode(o) for o in (" red", " blue", " grey", " green")]
+    start = len(question)  # the options' tokens are scored, after the question
+    generator.prefix_cache.clear()
+    scored = await score_at_once(generator, options, start=start)
+    cached = [steps[-1].stats.cached_tokens for steps in scored]
+    # the first computes the question; the others wait for it and take it from the cache
+    assert cached[0] == 0 and all(c >= start - 1 for c in cached[1:])
+    generator.prefix_cache.clear()
+    alone = [await steps_of(generator.score(ids, start=start, top_logprobs=3)) for ids in options]
+    assert [scored_numbers(s) for s in scored] == [scored_numbers(s) for s in alone]
+
+
+async def test_a_shared_run_that_fails_leaves_each_job_to_run_alone(engine, tokenizer, monkeypatch):
+    generator = engine.generator
+    documents = [tokenizer.encode(t) for t in ("one two three", "four five six", "seven eight")]
+    generator.prefix_cache.clear()
+    want = [await steps_of(generator.score(ids, top_logprobs=3)) for ids in documents]
+
+    def broken(ids, positions, past, keep=0):
+        raise RuntimeError("a run of several rows failed")
+
+    monkeypatch.setattr(generator.runner, "run_steps", broken)
+    generator.prefix_cache.clear()
+    got = await score_at_once(generator, documents)
+    assert [scored_numbers(s) for s in got] == [scored_numbers(s) for s in want]
+    assert [s[-1].finish_reason for s in got] == ["length"] * 3
 
 
 async def test_bad_requests_say_what_to_do(engine, tokenizer):

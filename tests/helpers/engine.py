@@ -91,3 +91,26 @@ async def settle(engine, timeout: float = 10.0) -> None:
         if engine.running == 0 and engine.waiting == 0:
             return
         await asyncio.sleep(0.005)
+
+
+async def score_at_once(generator, documents, *, start: int = 1, top_logprobs: int = 3):
+    """Score ``documents`` (token ids) from ``start`` on, queued in one admission round (the
+    worker waits on the scheduler's lock while they are queued, so it takes them together).
+    Each document's steps."""
+    with generator._scheduler._cond:
+        streams = [generator.score(d, start=start, top_logprobs=top_logprobs) for d in documents]
+    return [await steps_of(stream) for stream in streams]
+
+
+async def steps_of(stream) -> list[Step]:
+    """Every step of a stream, to its end."""
+    return [step async for step in stream]
+
+
+def scored_numbers(steps: Sequence[Step]) -> list[tuple]:
+    """Every scored token of a scoring's steps: id, logprob, rank, entropy and alternatives."""
+    return [
+        (lp.token_id, lp.logprob, lp.rank, lp.entropy, lp.top)
+        for step in steps
+        for lp in step.logprobs
+    ]

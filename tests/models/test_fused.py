@@ -95,6 +95,30 @@ def test_logits_of_the_last_positions_only_on_request(tiny_fused, tokenizer) -> 
         np.testing.assert_allclose(some, full[:, -keep:], rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("model", ["tiny_fused", "bundled_model"])
+def test_kept_positions_are_the_bits_of_every_position(request, model) -> None:
+    """What the engine's scoring runs ask: the logits of a run's last positions only (the LM
+    head skips the others), alone and as rows of one multi-token step, are the same bits as
+    those positions' logits when every position is computed (the default recipe's own
+    operators on the bundled model)."""
+    from nbresponses.runtime.kv import EndPaddedKV
+    from nbresponses.runtime.runner import OnnxRunner
+
+    runner = OnnxRunner(request.getfixturevalue(model).onnx_path)
+    ids = np.arange(100, 124, dtype=np.int64)[None]
+    positions = np.arange(24, dtype=np.int64)[None]
+    every, _ = runner.run(ids, None, positions, runner.layout.empty(), position=None)
+    every = np.array(every)
+    for keep in (1, 5, 23):
+        some, _ = runner.run(ids, None, positions, runner.layout.empty(), position=None, keep=keep)
+        np.testing.assert_array_equal(some, every[-keep:])
+    rows = EndPaddedKV(runner.layout, reads_every_column=runner.reads_every_column)
+    rows.add_rows([[a[0] for a in runner.layout.empty()]] * 2)
+    both = rows.step_tokens(runner, [list(range(100, 124)), list(range(100, 110))], keep=6)
+    assert both.shape[:2] == (2, 6)
+    np.testing.assert_array_equal(both[0], every[-6:])
+
+
 def test_the_engine_asks_for_the_last_position_only(tiny_fused, tiny_model) -> None:
     from nbresponses.runtime.runner import OnnxRunner
 

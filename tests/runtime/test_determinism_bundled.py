@@ -14,7 +14,7 @@ import os
 
 import pytest
 from helpers.determinism import run_matrix
-from helpers.engine import chat_ids
+from helpers.engine import chat_ids, score_at_once, scored_numbers
 
 from nbresponses.models.fidelity_set import FIDELITY_SET
 from nbresponses.tokens.contract import SamplingParams
@@ -124,3 +124,35 @@ async def test_every_door_of_the_api_gives_the_same_numbers(bundled_model, token
         )
         assert chained.usage.input_tokens_details.cached_tokens > len(_numbers(reference))
         assert _numbers(chained) == _numbers(reference_turn), "chain after the answer is cached"
+
+
+async def test_texts_scored_together_get_the_numbers_each_gets_alone(bundled_model, tokenizer):
+    """Short scoring jobs queued at once run as the rows of one graph run (``together``), on the
+    default recipe's own operators: each gets the logprobs, ranks, entropies and alternatives
+    it gets alone in a fresh engine, bit for bit, with and without a cached beginning."""
+    from nbresponses.runtime.generator import TokenGenerator
+
+    turns = [m["content"] for s in FIDELITY_SET for m in s.messages]
+    documents = [
+        tokenizer.encode(t)[:n] for t, n in zip(turns, (5, 9, 17, 24, 31, 40, 52, 64), strict=False)
+    ]
+    question = tokenizer.encode("Question: which planet is the largest? Answer:")
+    options = [question + tokenizer.encode(o) for o in (" Jupiter", " Mars", " the Sun")]
+    async with TokenGenerator(bundled_model) as generator:
+        rows: list[int] = []
+        run_steps = generator.runner.run_steps
+
+        def counted(ids, positions, past, keep=0):
+            rows.append(ids.shape[0])
+            return run_steps(ids, positions, past, keep)
+
+        generator.runner.run_steps = counted
+        together = await score_at_once(generator, documents, top_logprobs=5)
+        chosen = await score_at_once(generator, options, start=len(question), top_logprobs=5)
+    assert max(rows) >= 4  # the short documents shared runs, the options too
+    alone = []
+    for ids, start in [(d, 1) for d in documents] + [(o, len(question)) for o in options]:
+        async with TokenGenerator(bundled_model, prefix_cache_bytes=0) as fresh:
+            alone.append([s async for s in fresh.score(ids, start=start, top_logprobs=5)])
+    got = [scored_numbers(s) for s in together + chosen]
+    assert got == [scored_numbers(s) for s in alone]

@@ -48,6 +48,7 @@ class FakeRunner:
         *,
         in_place: bool = False,
         position: int | None = -1,
+        keep: int = 0,  # ignored: every position, as a graph that cannot skip any
     ) -> tuple[np.ndarray, list[Any]]:
         assert self.scheduler is not None
         count = input_ids.shape[1]
