@@ -15,6 +15,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
@@ -69,6 +70,20 @@ async def _score_question(
     return list(both[0]), both[1]
 
 
+def _checked(options: Any, what: str) -> list[str]:
+    """The options as a list, or a ValueError that says what was expected (a lone string would
+    be scored character by character; no options would fail deep in pandas)."""
+    if isinstance(options, str | bytes) or not isinstance(
+        options, Sequence | np.ndarray | pd.Series
+    ):
+        raise ValueError(f"{what} must be a list of strings, got {type(options).__name__}")
+    if len(options) == 0:
+        raise ValueError(f"{what} is empty: give at least one option to score")
+    if not all(isinstance(o, str) for o in options):
+        raise ValueError(f"{what} must be strings, got {[type(o).__name__ for o in options]}")
+    return list(options)
+
+
 async def choose(
     backend: ScoringBackend,
     prompt: Any,
@@ -80,7 +95,7 @@ async def choose(
 ) -> pd.DataFrame:
     """``option_likelihoods`` of ``options`` after ``prompt`` (with ``unconditional``: also
     after that neutral context, for PMI)."""
-    options = list(options)
+    options = _checked(options, "options")
     neutral = (
         None if unconditional is None else _Unconditional(backend, unconditional, chat, method)
     )
@@ -109,6 +124,8 @@ async def choose_many(
     for column in (question, options):
         if column not in questions:
             raise ValueError(f"the questions frame has no column {column!r}")
+    for key, opts in zip(questions.index, questions[options], strict=True):
+        _checked(opts, f"the options of question {key!r}")
     answers = (
         questions[answer].tolist()
         if answer is not None and answer in questions

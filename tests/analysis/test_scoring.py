@@ -317,6 +317,16 @@ async def test_choose_many_equals_choose_per_question(engine):
     assert pd.isna(acc.loc["sum", "correct_sum"]) and acc.loc["ice", "answer"] == " yes"
     with pytest.raises(ValueError, match="no column"):
         await engine.choose_many(questions.drop(columns="options"), progress=False)
+    # options as numpy arrays (a parquet file's or a dataset's list column) are lists too
+    arrays = questions.assign(options=[np.array(o) for o in questions.options])
+    same = await engine.choose_many(arrays, unconditional="Answer:", progress=False)
+    pd.testing.assert_frame_equal(same, frame)
+    with pytest.raises(ValueError, match="question 'ice' is empty"):
+        await engine.choose_many(questions.assign(options=[[" a"], [], [" b"]]), progress=False)
+    with pytest.raises(ValueError, match="must be a list of strings, got str"):
+        await engine.choose("Red or blue?", " red")
+    with pytest.raises(ValueError, match="must be strings"):
+        await engine.choose("2+2=", [4, 5])
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
