@@ -48,7 +48,7 @@ import numpy as np
 from nbresponses.runtime import sampling, together
 from nbresponses.runtime.constraints import MaskWorker, RowConstraint
 from nbresponses.runtime.kv import DecodingRows, EndPaddedKV, RowKV, SeparateKV
-from nbresponses.runtime.prefix_cache import PrefixCache
+from nbresponses.runtime.prefix_cache import PrefixCache, common_length
 from nbresponses.runtime.runner import OnnxRunner
 from nbresponses.runtime.speculation import Drafter, step_width
 from nbresponses.tokens.contract import (
@@ -411,9 +411,11 @@ class Scheduler:
 
     def _score_all(self, requests: list[ScoreRequest]) -> None:
         """An admission round's scoring jobs, in their order: short ones as the rows of one
-        run (``together.next_group``), the others alone (``_score``). Each group looks the
-        prefix cache up afresh, so a job that waited for a group's shared beginning gets it."""
+        run (``together.next_group``), the others alone (``_score``). A job is looked up in the
+        prefix cache once (a lookup scans every entry), and again only when a run has just
+        computed a beginning it shares: what it waited for."""
         pending = list(requests)
+        looked: dict[ScoreRequest, tuple[int, RowKV | None]] = {}
         while pending:
             for request in [r for r in pending if r.cancelled]:
                 self._finish(request, Step((), finish_reason="cancelled"))
@@ -423,21 +425,24 @@ class Scheduler:
             if not self.scoring_together:  # rows of one run need equal bits at every shape
                 self._score(pending.pop(0))
                 continue
-            looked = [self.prefix_cache.lookup(r.reusable) for r in pending]
+            for r in pending:
+                if r not in looked:
+                    looked[r] = self.prefix_cache.lookup(r.reusable)
             group = together.next_group(
-                [
-                    (r.prompt, cached, len(r.reusable) - 1)
-                    for r, (cached, _) in zip(pending, looked, strict=True)
-                ],
+                [(r.prompt, looked[r][0], len(r.reusable) - 1) for r in pending],
                 max_tokens=SCORE_CHUNK,
                 reuse=self.prefix_cache.budget_bytes > 0,
             )
-            chosen = [(pending[i], *looked[i]) for i in group]
-            pending = [r for i, r in enumerate(pending) if i not in set(group)]
+            chosen = [pending[i] for i in group]
+            pending = [r for i, r in enumerate(pending) if i not in group]
             if len(chosen) == 1:
-                self._score(chosen[0][0])
+                self._score(chosen[0])
             else:
-                self._score_rows(chosen)
+                self._score_rows([(r, *looked[r]) for r in chosen])
+            for r in pending:
+                shared = max(common_length(r.reusable, c.prompt) for c in chosen)
+                if shared > looked[r][0] + together.MIN_SHARED:
+                    del looked[r]
 
     def _score_rows(self, jobs: list[tuple[ScoreRequest, int, RowKV | None]]) -> None:
         """Scoring jobs (each with its cached tokens and their KV) as the rows of one run, on

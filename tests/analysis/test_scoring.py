@@ -159,7 +159,7 @@ async def test_short_texts_at_once_share_runs_with_the_numbers_each_gets_alone(
     generator.prefix_cache.clear()
     # one at a time: each job alone in its round, in runs of its own
     alone = [await steps_of(generator.score(ids, top_logprobs=3)) for ids in documents]
-    assert sum(rows) == len(documents)
+    assert sum(rows) == len(documents)  # a job alone ran no multi-row step
     assert [scored_numbers(s) for s in together] == [scored_numbers(s) for s in alone]
     assert [s[-1].finish_reason for s in together] == ["length"] * len(documents)
 
