@@ -185,12 +185,16 @@ async def test_a_shared_run_that_fails_leaves_each_job_to_run_alone(engine, toke
     generator.prefix_cache.clear()
     want = [await steps_of(generator.score(ids, top_logprobs=3)) for ids in documents]
 
+    tried: list[int] = []
+
     def broken(ids, positions, past, keep=0):
+        tried.append(ids.shape[0])
         raise RuntimeError("a run of several rows failed")
 
     monkeypatch.setattr(generator.runner, "run_steps", broken)
     generator.prefix_cache.clear()
     got = await score_at_once(generator, documents)
+    assert tried == [3]  # the three were tried as the rows of one run
     assert [scored_numbers(s) for s in got] == [scored_numbers(s) for s in want]
     assert [s[-1].finish_reason for s in got] == ["length"] * 3
 
