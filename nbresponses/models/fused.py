@@ -752,6 +752,10 @@ class _Decoder:
         return self.g.linear_halves(x, weight, name=linear, split=split, peaks=peaks)
 
     def norm(self, x: str, gamma: str, *, name: str) -> str:
+        if self.attention_kind == "kernel":  # a graph that loads our operators anyway
+            return self.g.node(
+                "SkipNorm", [x, "", gamma], name=name, domain=DOMAIN, epsilon=self.eps
+            )[0]
         return self.g.node(
             "SimplifiedLayerNormalization",
             [x, gamma],
@@ -762,7 +766,20 @@ class _Decoder:
         )[0]
 
     def skip_norm(self, x: str, residual: str, gamma: str, *, name: str, last: bool) -> list[str]:
-        """(normed, residual + x): the residual add and the next norm in one kernel."""
+        """(normed, residual + x): the residual add and the next norm in one kernel (ours in
+        a graph that loads our operators anyway: ONNX Runtime's sums a row in scalar double
+        precision, ~1 ns an element; ``kernels/skip_norm.cc``)."""
+        if self.attention_kind == "kernel":
+            outputs = [f"{name}/out"] + ([] if last else [f"{name}/sum"])
+            made = self.g.node(
+                "SkipNorm",
+                [x, residual, gamma],
+                outputs,
+                name=name,
+                domain=DOMAIN,
+                epsilon=self.eps,
+            )
+            return [made[0], "" if last else made[1]]
         normed, _, _, total = self.g.node(
             "SkipSimplifiedLayerNormalization",
             [x, residual, gamma],

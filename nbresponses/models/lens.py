@@ -26,6 +26,7 @@ from typing import Any
 
 from nbresponses.models.errors import RecipeError
 from nbresponses.models.graph_contract import KV_LAYOUT, SCATTER_IN_PLACE
+from nbresponses.models.kernels import DOMAIN
 
 LENS_FILE = "lens.onnx"
 LENS_VERSION = "1"  # bump when the variant changes: a kept lens.onnx of another version is rebuilt
@@ -81,9 +82,11 @@ def build_lens_graph(model: Any) -> Any:
         raise LensUnsupported("The fused graph lacks the nodes the lens reads (an old version?).")
     layers = sum(1 for n in nodes if re.fullmatch(r"layers\.\d+/post_norm", n))
     streams = [first.input[0]] + [f"layers.{i}.input_norm/sum" for i in range(1, layers)]
+    ours = final.op_type == "SkipNorm"  # kernels/skip_norm.cc: the sum is its second output
     for i in range(1, layers):  # each layer's input norm also writes the residual sum
         node = nodes[f"layers.{i}.input_norm"]
-        if len(node.output) < 4 or node.output[3] != streams[i]:
+        at = 1 if ours else 3
+        if len(node.output) <= at or node.output[at] != streams[i]:
             raise LensUnsupported(f"layer {i}'s residual stream is not an output of its norm")
     epsilon = next(a.f for a in final.attribute if a.name == "epsilon")
     gamma = final.input[2]
@@ -123,7 +126,9 @@ def build_lens_graph(model: Any) -> Any:
     layer_logprobs = []
     for layer in range(layers + 1):
         tag = f"layer{layer}"
-        if layer < layers:
+        if layer < layers and ours:  # the norm the model's own layers compute
+            normed = op("SkipNorm", [streams[layer], "", gamma], tag, DOMAIN, epsilon=epsilon)
+        elif layer < layers:
             normed = op(
                 "SimplifiedLayerNormalization",
                 [streams[layer], gamma],

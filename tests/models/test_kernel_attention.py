@@ -102,10 +102,11 @@ def test_the_kernel_gives_the_ops_graphs_logits(family, kv_dtype, isa, tokenizer
     layers = model.config.num_hidden_layers
     assert kinds.count("KVAttention") == layers
     assert "Softmax" not in kinds
-    # the heads' norms (Qwen3, Gemma 3) are the operator's: the graph keeps the first layer's
-    # input norm and Gemma's sandwich norms only
+    # the heads' norms (Qwen3, Gemma 3) are the operator's; every other norm is our SkipNorm
+    # (the first layer's input norm, two a layer, Gemma's sandwich norms), none ONNX Runtime's
     sandwich = architectures.ARCHITECTURES[model.config.model_type].sandwich_norms
-    assert kinds.count("SimplifiedLayerNormalization") == 1 + (2 * layers if sandwich else 0)
+    assert kinds.count("SkipNorm") == 1 + 2 * layers + (2 * layers if sandwich else 0)
+    assert not any(kind.endswith("LayerNormalization") for kind in kinds)
     # a silu MLP's activation is ours too (the same bits as QuickGelu and Mul: its own test)
     silu = architectures.ARCHITECTURES[model.config.model_type].activation == "silu"
     assert kinds.count("GatedSilu") == (layers if silu else 0)

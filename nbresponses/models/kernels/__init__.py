@@ -54,6 +54,7 @@ _SOURCES = (
     "outlier_product.cc",
     "group_product.cc",
     "gated_silu.cc",
+    "skip_norm.cc",
     "token_stats.cc",
     "register.cc",
 )

@@ -8,6 +8,7 @@ const OrtCustomOp* QuantizeRowsOp();
 const OrtCustomOp* OutlierProductOp();
 const OrtCustomOp* GroupProductOp();
 const OrtCustomOp* GatedSiluOp();
+const OrtCustomOp* SkipNormOp();
 
 extern "C" OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* base) {
   // the API of the headers it was built with; ONNX Runtime serves older versions (pyproject
@@ -17,7 +18,8 @@ extern "C" OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options,
   OrtCustomOpDomain* domain = nullptr;
   if (OrtStatus* status = api->CreateCustomOpDomain("ai.nbresponses", &domain)) return status;
   for (const OrtCustomOp* op :
-       {KVAttentionOp(), QuantizeRowsOp(), OutlierProductOp(), GroupProductOp(), GatedSiluOp()})
+       {KVAttentionOp(), QuantizeRowsOp(), OutlierProductOp(), GroupProductOp(), GatedSiluOp(),
+        SkipNormOp()})
     if (OrtStatus* status = api->CustomOpDomain_Add(domain, op)) return status;
   return api->AddCustomOpDomain(options, domain);
 }
