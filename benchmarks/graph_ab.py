@@ -7,13 +7,20 @@ cache (``nbresponses models`` lists them) or ``.onnx`` files beside their weight
   each step (what ``step_profile.py`` profiles);
 - prefill: a scoring job's runs (``SCORE_CHUNK`` tokens, every position's logits).
 
+Each graph runs in a process of its own, one process a graph a round: two sessions in one
+process keep each other's thread pools busy, and read one-row steps of the same graph up to
+0.5 ms apart (benchmarks/README.md, "Every RMSNorm as our SkipNorm").
+
     python benchmarks/graph_ab.py FOLDER_OR_ONNX [...] [--rounds 15] [--batches 1 16]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -66,6 +73,21 @@ def prefill_timer(runner: OnnxRunner, tokens: int):
     return prefill
 
 
+def measure(graph: str, batches: list[int], keys: int, tokens: int, rounds: int) -> dict:
+    """{column: times in seconds} of one graph in this process, after a warm-up."""
+    runner = _runner(graph)
+    timers = {f"step x{b}": (step_timer(runner, b, keys), 10) for b in batches}
+    timers[f"prefill {tokens}"] = (prefill_timer(runner, tokens), 1)
+    for timer, repeats in timers.values():
+        for _ in range(repeats):
+            timer()
+    times: dict[str, list[float]] = {column: [] for column in timers}
+    for _ in range(rounds):
+        for column, (timer, repeats) in timers.items():
+            times[column] += [timer() for _ in range(repeats)]
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("graphs", nargs="+")
@@ -73,25 +95,26 @@ def main() -> None:
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 16])
     parser.add_argument("--keys", type=int, default=100)
     parser.add_argument("--tokens", type=int, default=370, help="the prefill's length")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    runners = [_runner(g) for g in args.graphs]
-    columns: dict[str, list] = {}
-    for batch in args.batches:
-        columns[f"step x{batch}"] = [(step_timer(r, batch, args.keys), 10) for r in runners]
-    columns[f"prefill {args.tokens}"] = [(prefill_timer(r, args.tokens), 1) for r in runners]
-    times: dict[str, list[list[float]]] = {c: [[] for _ in runners] for c in columns}
-    for timers in columns.values():
-        for timer, repeats in timers:  # warm-up
-            for _ in range(repeats):
-                timer()
-    for _ in range(args.rounds):
-        for column, timers in columns.items():
-            for i, (timer, repeats) in enumerate(timers):
-                times[column][i] += [timer() for _ in range(repeats)]
+    if args.child:  # one graph, one round: its times as JSON
+        times = measure(args.graphs[0], args.batches, args.keys, args.tokens, args.rounds)
+        print(json.dumps(times))
+        return
+    collected: list[dict[str, list[float]]] = [{} for _ in args.graphs]
+    for _ in range(args.rounds):  # the graphs in turn, each in a fresh process
+        for i, graph in enumerate(args.graphs):
+            command = [sys.executable, __file__, graph, "--child", "--rounds", "1"]
+            command += ["--keys", str(args.keys), "--tokens", str(args.tokens), "--batches"]
+            command += [str(b) for b in args.batches]
+            done = subprocess.run(command, capture_output=True, text=True, check=True)
+            for column, values in json.loads(done.stdout.splitlines()[-1]).items():
+                collected[i].setdefault(column, []).extend(values)
+    columns = list(collected[0])
     print("| graph | " + " | ".join(f"{c} ms" for c in columns) + " |")
     print("|---" * (len(columns) + 1) + "|")
-    for i, graph in enumerate(args.graphs):
-        cells = [f"{statistics.median(times[c][i]) * 1000:.2f}" for c in columns]
+    for graph, times in zip(args.graphs, collected, strict=True):
+        cells = [f"{statistics.median(times[c]) * 1000:.2f}" for c in columns]
         print(f"| {Path(graph).name} | " + " | ".join(cells) + " |")
 
 
