@@ -1,11 +1,13 @@
 """What a batched step of B rows x S tokens costs, against the cost model speculation plans by.
 
 ``runtime/speculation.step_width`` decides how many drafted tokens a step verifies from a cost
-model: a step of B rows x S tokens costs ``STEP_OVERHEAD + ROW_OVERHEAD * B + B * S`` tokens'
-worth of compute. This script times real steps of the prepared model (in-place KV buffers of
-``--keys`` columns a row, as a decode step sees them) and prints each step's cost relative to
-a plain step of the same rows, measured and modelled, so the constants can be checked (or
-re-fitted) on another machine or model.
+model: a step of B rows x S tokens costs ``cost.step + cost.row * B + B * S`` tokens' worth of
+compute, ``cost`` the graph's (``speculation.EVERY_COLUMN`` where the attention is standard
+operators, ``OWN_COLUMNS`` where it is our KVAttention, as the scheduler picks it). This
+script times real steps of the prepared model (in-place KV buffers of ``--keys`` columns a
+row, as a decode step sees them) and prints each step's cost relative to a plain step of the
+same rows, measured and modelled, so the constants can be checked (or re-fitted) on another
+machine or model.
 
     python benchmarks/speculation.py [--recipe fused-q8] [--keys 250]
 """
@@ -21,7 +23,7 @@ import numpy as np
 from nbresponses.models.prepare import prepare_model
 from nbresponses.runtime.kv import EndPaddedKV
 from nbresponses.runtime.runner import OnnxRunner
-from nbresponses.runtime.speculation import ROW_OVERHEAD, STEP_OVERHEAD
+from nbresponses.runtime.speculation import EVERY_COLUMN, OWN_COLUMNS
 
 ROWS = (1, 4, 16)
 WIDTHS = (1, 2, 3, 5, 9)
@@ -65,12 +67,13 @@ def main() -> None:
         raise SystemExit(f"{args.recipe}: its graph cannot verify drafts (no exact steps)")
     step_ms(runner, 1, args.keys, 1)  # warm-up
     print(f"{prepared.name} [{args.recipe}], {args.keys} keys a row, medians of {args.reps}")
-    print(f"model: {STEP_OVERHEAD} + {ROW_OVERHEAD} x rows + rows x width\n")
+    cost = EVERY_COLUMN if runner.reads_every_column else OWN_COLUMNS  # the scheduler's choice
+    print(f"model: {cost.step} + {cost.row} x rows + rows x width\n")
     print("| rows | width | ms | vs width 1, measured | vs width 1, model |")
     print("|---|---|---|---|---|")
     for rows in ROWS:
         measured = step_ms(runner, rows, args.keys, args.reps)
-        overhead = STEP_OVERHEAD + ROW_OVERHEAD * rows
+        overhead = cost.step + cost.row * rows
         for width, ms in measured.items():
             model = (overhead + rows * width) / (overhead + rows)
             ratio = ms / measured[1]

@@ -50,7 +50,7 @@ from nbresponses.runtime.constraints import MaskWorker, RowConstraint
 from nbresponses.runtime.kv import DecodingRows, EndPaddedKV, RowKV, SeparateKV
 from nbresponses.runtime.prefix_cache import PrefixCache, common_length
 from nbresponses.runtime.runner import OnnxRunner
-from nbresponses.runtime.speculation import Drafter, step_width
+from nbresponses.runtime.speculation import EVERY_COLUMN, OWN_COLUMNS, Drafter, step_width
 from nbresponses.tokens.contract import (
     FinishReason,
     GenerationStats,
@@ -157,6 +157,9 @@ class Scheduler:
         self.prefix_cache = prefix_cache
         self.kv = self._empty_kv()
         self.speculation = runner.exact_steps  # verify drafted tokens in a step (below)
+        # what a wider step costs (``speculation.StepCost``): a row's attention reads every
+        # column of its buffers on standard-operator graphs, its own columns on ours
+        self.step_cost = EVERY_COLUMN if runner.reads_every_column else OWN_COLUMNS
         self.scoring_together = runner.exact_steps  # short scoring jobs share runs (below)
         self.rows: list[GenerateRequest] = []
         self.steps = 0  # decode steps run (for tests and stats)
@@ -599,7 +602,7 @@ class Scheduler:
             return None
         # every row is fed ``width`` positions (short rows padded), all inside the context
         room = min(self.context_length - n for n in self.kv.lengths)
-        width = min(step_width(drafting, len(self.rows)), room)
+        width = min(step_width(drafting, len(self.rows), cost=self.step_cost), room)
         if width <= 1:
             return None
         return [draft[: width - 1] for draft in proposals]

@@ -20,16 +20,31 @@ tensors.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 NGRAMS = (3, 2)  # the longest match wins; one-token matches guess too poorly to pay
 MAX_DRAFT = 8
-# What a step costs beyond its tokens, in tokens' worth of compute: a step of B rows x S tokens
-# costs about STEP_OVERHEAD + ROW_OVERHEAD * B + B * S. The per-row part is attention reading
-# the row's keys and values, the same for any S. Fitted to the bundled model's fused-q8 graph on
-# 2 cores at 250 keys a row (``benchmarks/speculation.py``): 8.0 / 13.7 ms at 1 row x 1 / 9
-# tokens, 12.1 / 32.5 ms at 4 x 1 / 9, 26.1 / 37.2 / 67.2 / 111.7 ms at 16 x 1 / 2 / 5 / 9.
-STEP_OVERHEAD = 9.0
-ROW_OVERHEAD = 0.9
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """What a step of B rows costs beyond its tokens, in tokens' worth of compute: ``step +
+    row * B`` (a step of B rows x S tokens costs that plus B * S)."""
+
+    step: float
+    row: float
+
+
+# Graphs whose attention is standard operators read every column of a row's KV buffers in a
+# step, whatever its tokens: a cost per row. Fitted to the bundled model's fused-q8 graph on 2
+# cores at 250 keys a row (``benchmarks/speculation.py``): 8.0 / 13.7 ms at 1 row x 1 / 9 tokens,
+# 12.1 / 32.5 ms at 4 x 1 / 9, 26.1 / 37.2 / 67.2 / 111.7 ms at 16 x 1 / 2 / 5 / 9.
+EVERY_COLUMN = StepCost(step=9.0, row=0.9)
+# Our KVAttention reads a row's own columns only: a row costs its tokens and no more. Fitted to
+# the bundled model's fused-int8-kernel graph the same way (6 December 2026): 6.6 / 7.6 / 10.3
+# ms at 1 x 1 / 3 / 9, 17.4 / 29.1 / 65.7 / 105.7 ms at 16 x 1 / 2 / 5 / 9 (EVERY_COLUMN's 0.9 a
+# row priced a 16 x 5 step at 2.6x a plain one, where it costs 3.8x, and widened steps that lost).
+OWN_COLUMNS = StepCost(step=10.0, row=0.0)
 # A wider step must beat the plain one by this factor: the cost model is rough, and a wrong
 # guess costs the whole batch.
 MIN_GAIN = 1.1
@@ -110,14 +125,18 @@ def expected_kept(acceptance: float, count: int) -> float:
 
 
 def step_width(
-    drafts: Sequence[tuple[int, float]], rows: int, *, min_gain: float = MIN_GAIN
+    drafts: Sequence[tuple[int, float]],
+    rows: int,
+    *,
+    cost: StepCost = EVERY_COLUMN,
+    min_gain: float = MIN_GAIN,
 ) -> int:
     """Tokens per row for the next step of ``rows`` rows (1: a plain decode step), given the
     drafting rows' (draft length, acceptance). Each row yields its own next token plus the
-    drafts it keeps; the step costs ``overhead + rows * width`` (module constants)."""
+    drafts it keeps; the step costs ``cost``'s overhead plus ``rows * width``."""
     if rows <= 0:
         return 1
-    overhead = STEP_OVERHEAD + ROW_OVERHEAD * rows
+    overhead = cost.step + cost.row * rows
     plain = rows / (overhead + rows)
     best, best_rate = 1, plain * min_gain
     longest = max((length for length, _ in drafts), default=0)

@@ -32,6 +32,7 @@ class FakeRunner:
 
     kv_in_place = False  # ``kv.SeparateKV``: a run per row, so each run names its request
     exact_steps = False
+    reads_every_column = False  # exact steps only (no speculation here)
     layout = LAYOUT
     token_stats = None  # logprobs from numpy's code
 

@@ -9,7 +9,14 @@ import pytest
 from helpers.engine import PROMPTS, chat_ids
 
 from nbresponses.runtime.generator import TokenGenerator
-from nbresponses.runtime.speculation import MAX_DRAFT, Drafter, expected_kept, step_width
+from nbresponses.runtime.speculation import (
+    EVERY_COLUMN,
+    MAX_DRAFT,
+    OWN_COLUMNS,
+    Drafter,
+    expected_kept,
+    step_width,
+)
 from nbresponses.tokens.contract import SamplingParams
 
 
@@ -37,20 +44,40 @@ def test_acceptance_learns_from_kept_and_rejected_drafts() -> None:
         drafter.record(2, 3)
 
 
-def test_the_step_width_pays_for_the_tokens_it_feeds() -> None:
+@pytest.mark.parametrize("cost", [EVERY_COLUMN, OWN_COLUMNS])
+def test_the_step_width_pays_for_the_tokens_it_feeds(cost) -> None:
     assert expected_kept(0.5, 3) == 0.5 + 0.25 + 0.125
-    assert step_width([], rows=16) == 1
+    assert step_width([], rows=16, cost=cost) == 1
     # a row that quotes its input drafts all it has, alone or with 15 mates quoting too
-    assert step_width([(8, 0.99)], rows=1) == 9
-    assert step_width([(8, 0.99)] * 16, rows=16) == 9
+    assert step_width([(8, 0.99)], rows=1, cost=cost) == 9
+    assert step_width([(8, 0.99)] * 16, rows=16, cost=cost) == 9
     # one quoting row among 15 that draft nothing would make 16 rows wider for one row's sake
-    assert step_width([(8, 0.99)], rows=16) == 1
+    assert step_width([(8, 0.99)], rows=16, cost=cost) == 1
     # drafts mostly wrong: not worth even a token
-    assert step_width([(4, 0.05)], rows=1) == 1
-    assert step_width([(4, 0.05)] * 16, rows=16) == 1
+    assert step_width([(4, 0.05)], rows=1, cost=cost) == 1
+    assert step_width([(4, 0.05)] * 16, rows=16, cost=cost) == 1
     # a short draft bounds the width; a middling acceptance stops it early
-    assert step_width([(2, 0.99)], rows=1) == 3
-    assert 1 < step_width([(8, 0.6)] * 4, rows=4) < 9
+    assert step_width([(2, 0.99)], rows=1, cost=cost) == 3
+    assert 1 < step_width([(8, 0.6)] * 4, rows=4, cost=cost) < 9
+
+
+def test_sixteen_rows_widen_only_where_a_row_costs_more_than_its_tokens() -> None:
+    """16 rows whose drafts are kept 60% of the time: where the attention reads every column
+    of a row's buffers, a plain step's fixed cost is large enough that verifying one draft a row
+    pays; where it reads the row's own columns (our KVAttention: a 16 x 2 step costs 1.67x a
+    plain one, benchmarks/speculation.py), it does not."""
+    drafts = [(4, 0.6)] * 16
+    assert step_width(drafts, rows=16, cost=EVERY_COLUMN) == 2
+    assert step_width(drafts, rows=16, cost=OWN_COLUMNS) == 1
+
+
+async def test_the_step_cost_is_the_graphs(tiny_fused, bundled_model, tokenizer) -> None:
+    """Standard-operator attention (the tiny fused graph) reads every column; the default
+    recipe's KVAttention a row's own."""
+    async with TokenGenerator(tiny_fused, tokenizer=tokenizer) as engine:
+        assert engine._scheduler.step_cost == EVERY_COLUMN
+    async with TokenGenerator(bundled_model) as engine:
+        assert engine._scheduler.step_cost == OWN_COLUMNS
 
 
 async def _steps(engine, prompt, params):
