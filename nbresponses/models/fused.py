@@ -641,6 +641,9 @@ class _Decoder:
                 f"got {kv_dtype!r}"
             )
         self.attention_kind = attention
+        # a graph whose attention is our KVAttention loads our operators anyway: its norms
+        # (SkipNorm) and a silu MLP's activation (GatedSilu) are ours too
+        self.ours = attention == "kernel"
         self.kv_type = KV_DTYPES[kv_dtype]
         self.config = config
         self.arch: Architecture = ARCHITECTURES[config.model_type]
@@ -752,7 +755,7 @@ class _Decoder:
         return self.g.linear_halves(x, weight, name=linear, split=split, peaks=peaks)
 
     def norm(self, x: str, gamma: str, *, name: str) -> str:
-        if self.attention_kind == "kernel":  # a graph that loads our operators anyway
+        if self.ours:
             return self.g.node(
                 "SkipNorm", [x, "", gamma], name=name, domain=DOMAIN, epsilon=self.eps
             )[0]
@@ -769,7 +772,7 @@ class _Decoder:
         """(normed, residual + x): the residual add and the next norm in one kernel (ours in
         a graph that loads our operators anyway: ONNX Runtime's sums a row in scalar double
         precision, ~1 ns an element; ``kernels/skip_norm.cc``)."""
-        if self.attention_kind == "kernel":
+        if self.ours:
             outputs = [f"{name}/out"] + ([] if last else [f"{name}/sum"])
             made = self.g.node(
                 "SkipNorm",
@@ -904,8 +907,7 @@ class _Decoder:
         gate, up = self.linear_halves(
             x, f"{name}/gate_up", self.gate_up_weight(i), split=f"{name}/split"
         )
-        if self.arch.activation == "silu" and self.attention_kind == "kernel":
-            # a graph that loads our operators anyway: the two nodes below in one, same bits
+        if self.arch.activation == "silu" and self.ours:  # the two nodes below in one, same bits
             gated = g.node("GatedSilu", [gate, up], name=f"{name}/gated", domain=DOMAIN)[0]
             return self.linear(gated, f"{name}/down", self.down_weight(i))
         if self.arch.activation == "silu":  # QuickGelu with alpha 1 is x * sigmoid(x)

@@ -83,9 +83,9 @@ def build_lens_graph(model: Any) -> Any:
     layers = sum(1 for n in nodes if re.fullmatch(r"layers\.\d+/post_norm", n))
     streams = [first.input[0]] + [f"layers.{i}.input_norm/sum" for i in range(1, layers)]
     ours = final.op_type == "SkipNorm"  # kernels/skip_norm.cc: the sum is its second output
+    at = 1 if ours else 3  # ONNX Runtime's SkipSimplifiedLayerNormalization: its fourth
     for i in range(1, layers):  # each layer's input norm also writes the residual sum
         node = nodes[f"layers.{i}.input_norm"]
-        at = 1 if ours else 3
         if len(node.output) <= at or node.output[at] != streams[i]:
             raise LensUnsupported(f"layer {i}'s residual stream is not an output of its norm")
     epsilon = next(a.f for a in final.attribute if a.name == "epsilon")
