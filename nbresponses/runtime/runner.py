@@ -44,6 +44,12 @@ def session_options(threads: int | None = None) -> ort.SessionOptions:
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3
+    # The graph's threads spin while a run lasts (a step's ~265 nodes each wake them) but stop
+    # as it returns: a spinning thread held the other core through the per-row logprobs
+    # between runs, which two threads then computed no faster than one (a scoring run's 256
+    # rows: 120 ms either way, 70 with this), and through the notebook's own Python. Decode
+    # steps measured level with it (benchmarks/README.md).
+    options.add_session_config_entry("session.force_spinning_stop", "1")
     return options
 
 
@@ -53,6 +59,8 @@ class OnnxRunner:
     def __init__(self, model_path: str | os.PathLike[str], *, threads: int | None = None) -> None:
         self.model_path = Path(model_path)
         options = kernels.for_model(session_options(threads), self.model_path)
+        # the graph's threads; between runs the per-row logprobs may take as many
+        self.threads: int = options.intra_op_num_threads
         # A model that uses our operators has their library: its logprobs, ranks and entropies
         # come from its compiled core (``sampling.token_logprob``), the same numbers ~3x faster
         # than numpy's. Decided by the model file, so a model's numbers never change source.

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
@@ -34,6 +35,32 @@ class NativeStats(Protocol):
     ) -> tuple[float, int, float]: ...
 
     def top(self, logp: np.ndarray, k: int) -> tuple[tuple[int, float], ...]: ...
+
+    def rows(
+        self,
+        logits: np.ndarray,
+        tokens: Sequence[int],
+        k: int = 0,
+        logp: np.ndarray | None = None,
+        threads: int = 1,
+    ) -> NativeRows: ...
+
+
+class NativeRows(Protocol):
+    """``NativeStats.rows``' numbers, row r at index r (``models.kernels.RowStats``)."""
+
+    @property
+    def logprob(self) -> np.ndarray: ...
+    @property
+    def rank(self) -> np.ndarray: ...
+    @property
+    def entropy(self) -> np.ndarray: ...
+    @property
+    def ids(self) -> np.ndarray: ...
+    @property
+    def values(self) -> np.ndarray: ...
+    @property
+    def counts(self) -> np.ndarray: ...
 
 
 _NUCLEUS_PROBE = 64  # top-p: first try the 64 most likely tokens before sorting the vocabulary
@@ -216,11 +243,19 @@ class _Scratch(threading.local):
         self.f32 = np.empty(0, np.float32)
         self.f64 = np.empty(0, np.float64)
 
+        self.block = np.empty(0, np.float32)
+
     def get(self, size: int) -> tuple[np.ndarray, np.ndarray]:
         if self.f32.shape[0] != size:
             self.f32 = np.empty(size, np.float32)
             self.f64 = np.empty(size, np.float64)
         return self.f32, self.f64
+
+    def rows(self, shape: tuple[int, int]) -> np.ndarray:
+        """A float32 [rows, vocab] buffer over memory reused (grown, never shrunk)."""
+        if self.block.size < shape[0] * shape[1]:
+            self.block = np.empty(shape[0] * shape[1], np.float32)
+        return self.block[: shape[0] * shape[1]].reshape(shape)
 
 
 _scratch = _Scratch()
@@ -251,6 +286,48 @@ def top_k(values: np.ndarray, k: int) -> np.ndarray:
         candidates = np.flatnonzero(values == values)  # NaNs are no one's alternatives
     order = np.lexsort((candidates, -values[candidates]))[:k]
     return candidates[order]
+
+
+def token_logprobs(
+    logits: np.ndarray,
+    token_ids: Sequence[int],
+    top: int,
+    *,
+    details: bool = False,
+    distribution: bool = False,
+    native: NativeStats | None = None,
+    threads: int = 1,
+) -> tuple[TokenIdLogprob, ...]:
+    """``token_logprob`` of each row of ``logits`` [R, vocab] with its token, the same
+    numbers. With ``native``, the rows in one call on up to ``threads`` threads (a scoring
+    run's positions, a step's rows: independent rows while both cores wait for the next run)."""
+    if native is None:
+        return tuple(
+            token_logprob(row, token, top, details=details, distribution=distribution)
+            for row, token in zip(logits, token_ids, strict=True)
+        )
+    rows = logits if logits.dtype == np.float32 else logits.astype(np.float32)
+    if rows.strides[1] != rows.itemsize:
+        rows = np.ascontiguousarray(rows)
+    logp = None
+    if distribution:
+        logp = np.empty(rows.shape, np.float32)  # the caller's to keep
+    elif top > 0:
+        logp = _scratch.rows(rows.shape)
+    found = native.rows(rows, token_ids, top, logp, threads)
+    values, ranks, entropies = found.logprob.tolist(), found.rank.tolist(), found.entropy.tolist()
+    ids, best, counts = found.ids.tolist(), found.values.tolist(), found.counts.tolist()
+    return tuple(
+        TokenIdLogprob(
+            token_id=int(token),
+            logprob=values[r],
+            top=tuple(zip(ids[r][: counts[r]], best[r][: counts[r]], strict=True)),
+            rank=ranks[r] if details else None,
+            entropy=entropies[r] if details else None,
+            distribution=logp[r] if distribution and logp is not None else None,
+        )
+        for r, token in enumerate(token_ids)
+    )
 
 
 def token_logprob(

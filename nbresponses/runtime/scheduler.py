@@ -509,16 +509,14 @@ class Scheduler:
         predict tokens [begin + 1, ...); the job ends with its last token."""
         tokens = request.prompt
         first, last = max(request.start, begin + 1), min(begin + len(logits) + 1, len(tokens))
-        scored = tuple(
-            sampling.token_logprob(
-                logits[p - 1 - begin],
-                tokens[p],
-                request.top_logprobs,
-                details=True,
-                distribution=request.distribution,
-                native=self.runner.token_stats,
-            )
-            for p in range(first, last)
+        scored = sampling.token_logprobs(
+            logits[first - 1 - begin : last - 1 - begin],
+            tokens[first:last],
+            request.top_logprobs,
+            details=True,
+            distribution=request.distribution,
+            native=self.runner.token_stats,
+            threads=self.runner.threads,
         )
         if scored:
             request.stats = dataclasses.replace(

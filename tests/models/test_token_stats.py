@@ -156,6 +156,111 @@ def test_nan_in_nan_out_and_bad_calls_refused() -> None:
         stats(np.ones(8, np.float32), 1, np.empty(8, np.float64))
 
 
+def _one_vocabulary(seed: int, vocab: int = 4099):
+    """``_rows``' kinds of row at one vocabulary size (the rows of one batch)."""
+    rng = np.random.default_rng(seed)
+    rows = [(rng.standard_normal(vocab) * s).astype(np.float32) for s in (0.01, 1.0, 4.0, 60.0)]
+    rows += [np.zeros(vocab, np.float32), np.full(vocab, -np.inf, np.float32)]
+    rows[-1][7] = 2.5  # one finite logit
+    rows.append(rows[2].copy())
+    rows[-1][::5] = -np.inf  # banned tokens
+    rows.append(np.ones(vocab, np.float32))
+    rows[-1][40] = np.nan  # NaN in, NaN out
+    rows += [np.round(rng.standard_normal(vocab) * 2).astype(np.float32)]  # ties
+    tokens = [int(t) for t in rng.integers(vocab, size=len(rows))]
+    tokens[5] = 7
+    return np.stack(rows), tokens
+
+
+@pytest.mark.parametrize("isa", list(ISAS))
+@pytest.mark.parametrize("threads", [1, 2, 3, 16])
+def test_rows_at_once_are_each_row_alone(isa, threads) -> None:
+    """``rows``: every row's numbers, log-softmax and top k the bits a row alone gets, on any
+    number of threads, rows read from a wider buffer too (a scoring run's logits are views)."""
+    stats = _stats(isa)
+    logits, tokens = _one_vocabulary(seed=21)
+    wide = np.zeros((logits.shape[0], logits.shape[1] + 13), np.float32)
+    wide[:, 5 : 5 + logits.shape[1]] = logits
+    for given in (logits, wide[:, 5 : 5 + logits.shape[1]]):
+        for k in (0, 1, 20):
+            logp = np.empty_like(logits)
+            found = stats.rows(given, tokens, k, logp, threads=threads)
+            for r, (row, token) in enumerate(zip(logits, tokens, strict=True)):
+                alone = np.empty_like(row)
+                logprob, rank, entropy = stats(row, token, alone)
+                assert np.array_equal(
+                    [found.logprob[r], found.entropy[r]], [logprob, entropy], equal_nan=True
+                )
+                assert found.rank[r] == rank
+                np.testing.assert_array_equal(logp[r], alone)
+                count = found.counts[r]
+                best = tuple(
+                    zip(
+                        found.ids[r, :count].tolist(),
+                        found.values[r, :count].tolist(),
+                        strict=True,
+                    )
+                )
+                assert best == stats.top(alone, k)
+        without = stats.rows(given, tokens, threads=threads)  # no log-softmax written
+        np.testing.assert_array_equal(without.rank, found.rank)
+        np.testing.assert_array_equal(without.logprob, found.logprob)
+
+
+def test_rows_refuse_what_a_row_alone_refuses() -> None:
+    stats = _stats()
+    logits = np.ones((3, 8), np.float32)
+    with pytest.raises(ValueError, match="token"):
+        stats.rows(logits, [1, 8, 2])
+    with pytest.raises(ValueError, match="token"):
+        stats.rows(logits, [1, 2])
+    with pytest.raises(ValueError, match="give logp"):
+        stats.rows(logits, [1, 2, 3], k=5)
+    with pytest.raises(ValueError, match="logp"):
+        stats.rows(logits, [1, 2, 3], k=5, logp=np.empty((3, 8), np.float64))
+    with pytest.raises(ValueError, match="float32"):
+        stats.rows(logits.astype(np.float64), [1, 2, 3])
+    with pytest.raises(ValueError, match="float32"):
+        stats.rows(np.asfortranarray(logits), [1, 2, 3])
+    assert stats.rows(logits[:0], []).rank.shape == (0,)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # numpy: 0 * -inf
+def test_a_runs_logprobs_are_each_rows_alone() -> None:
+    """``sampling.token_logprobs`` (a scoring run's positions, one call) gives what
+    ``token_logprob`` gives each row, with the compiled core and with numpy's code."""
+    stats = _stats()
+    logits, tokens = _one_vocabulary(seed=23)
+    for native in (stats, None):
+        for top, details, distribution in ((0, True, False), (5, False, True), (20, True, True)):
+            together = sampling.token_logprobs(
+                logits,
+                tokens,
+                top,
+                details=details,
+                distribution=distribution,
+                native=native,
+                threads=2,
+            )
+            alone = [
+                sampling.token_logprob(
+                    row, token, top, details=details, distribution=distribution, native=native
+                )
+                for row, token in zip(logits, tokens, strict=True)
+            ]
+            assert len(together) == len(alone)
+            for a, b in zip(together, alone, strict=True):
+                assert (a.token_id, a.top, a.rank) == (b.token_id, b.top, b.rank)
+                assert np.array_equal([a.logprob], [b.logprob], equal_nan=True)
+                assert a.entropy is b.entropy or np.array_equal(
+                    [a.entropy], [b.entropy], equal_nan=True
+                )
+                if distribution:
+                    np.testing.assert_array_equal(a.distribution, b.distribution)
+                else:
+                    assert a.distribution is None
+
+
 def test_the_engine_uses_it_for_models_with_our_operators_only(
     tiny_source, tiny_model, cache_dir
 ) -> None:

@@ -35,6 +35,7 @@ class FakeRunner:
     reads_every_column = False  # exact steps only (no speculation here)
     layout = LAYOUT
     token_stats = None  # logprobs from numpy's code
+    threads = 1
 
     def __init__(self) -> None:
         self.scheduler: Scheduler | None = None

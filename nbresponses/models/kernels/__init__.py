@@ -39,8 +39,9 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -277,6 +278,25 @@ class TokenStats:
             ctypes.c_void_p,
         ]
         self._top = top
+        rows = loaded.nbr_token_stats_rows  # (see token_stats.cc)
+        rows.restype = None
+        rows.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_int64,
+            ctypes.c_int64,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_int64,
+        ]
+        self._rows = rows
         self.path = path
 
     def __call__(
@@ -312,6 +332,76 @@ class TokenStats:
         ids, values = np.empty(k, np.int64), np.empty(k, np.float32)
         count = self._top(row.ctypes.data, row.shape[0], k, ids.ctypes.data, values.ctypes.data)
         return tuple(zip(ids[:count].tolist(), values[:count].tolist(), strict=True))
+
+    def rows(
+        self,
+        logits: np.ndarray,
+        tokens: Sequence[int],
+        k: int = 0,
+        logp: np.ndarray | None = None,
+        threads: int = 1,
+    ) -> RowStats:
+        """Every row of ``logits`` [R, vocab] (float32, rows contiguous, any distance apart)
+        with its token ``tokens[r]``: what ``__call__`` and ``top`` give a row alone, the same
+        bits, on up to ``threads`` threads. ``logp`` [R, vocab] (contiguous float32) receives
+        the log-softmaxes; ``k`` > 0 needs it (the best are read from it)."""
+        if (
+            logits.ndim != 2
+            or logits.dtype != np.float32
+            or logits.strides[1] != 4
+            or logits.strides[0] < 0
+            or logits.strides[0] % 4
+        ):
+            raise ValueError(f"rows of float32 logits: got {logits.dtype} {logits.shape}")
+        count, vocab = logits.shape
+        targets = np.asarray(tokens, np.int64)
+        if targets.shape != (count,) or not ((targets >= 0) & (targets < vocab)).all():
+            raise ValueError(f"one token in [0, {vocab}) a row: got {targets.tolist()}")
+        if logp is None and k > 0:
+            raise ValueError("the best k are read from the log-softmaxes: give logp")
+        if logp is not None and (
+            logp.shape != logits.shape or logp.dtype != np.float32 or not logp.flags.c_contiguous
+        ):
+            raise ValueError("logp must be a contiguous float32 array of the logits' shape")
+        k = max(0, min(int(k), vocab))
+        out = RowStats(
+            logprob=np.empty(count, np.float32),
+            rank=np.empty(count, np.int64),
+            entropy=np.empty(count, np.float64),
+            ids=np.empty((count, k), np.int64),
+            values=np.empty((count, k), np.float32),
+            counts=np.zeros(count, np.int64),
+        )
+        if count:
+            self._rows(
+                logits.ctypes.data,
+                count,
+                vocab,
+                logits.strides[0] // 4,
+                targets.ctypes.data,
+                None if logp is None else logp.ctypes.data,
+                out.logprob.ctypes.data,
+                out.entropy.ctypes.data,
+                out.rank.ctypes.data,
+                k,
+                out.ids.ctypes.data,
+                out.values.ctypes.data,
+                out.counts.ctypes.data,
+                max(1, int(threads)),
+            )
+        return out
+
+
+class RowStats(NamedTuple):
+    """``TokenStats.rows``' numbers, row r at index r: the token's logprob, rank and entropy,
+    and the k best (``ids[r, :counts[r]]``, ``values[r, :counts[r]]``)."""
+
+    logprob: np.ndarray
+    rank: np.ndarray
+    entropy: np.ndarray
+    ids: np.ndarray
+    values: np.ndarray
+    counts: np.ndarray
 
 
 def token_stats(flags: tuple[str, ...] = ()) -> TokenStats:
