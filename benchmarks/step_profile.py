@@ -48,21 +48,26 @@ from nbresponses.tokens.contract import SamplingParams
 
 
 class Clock:
-    """Seconds spent in each wrapped call, per label, on the calls made while ``on``."""
+    """Seconds spent in each wrapped call, per label, on the calls made while ``on`` (a call
+    inside another of the same label counts once: ``token_logprobs`` calls ``token_logprob``
+    where no compiled core is loaded)."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
         self.on = False
+        self._inside: set[str] = set()
 
     def wrap(self, label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
-            if not self.on:
+            if not self.on or label in self._inside:
                 return fn(*args, **kwargs)
             start, cpu = time.perf_counter(), time.thread_time()
+            self._inside.add(label)
             try:
                 return fn(*args, **kwargs)
             finally:
+                self._inside.discard(label)
                 self.seconds[label] += time.perf_counter() - start
                 self.seconds[label + " cpu"] += time.thread_time() - cpu
                 self.calls[label] += 1
@@ -87,7 +92,7 @@ def engine_profile(
     }
     patched_sampling = {
         name: getattr(sampling, name)
-        for name in ("choose", "token_logprob", "processed_logprob", "biased")
+        for name in ("choose", "token_logprob", "token_logprobs", "processed_logprob", "biased")
         if hasattr(sampling, name)
     }
     decoding = {"steps": 0, "wall": 0.0}
@@ -120,8 +125,9 @@ def engine_profile(
     scheduler._emit = clock.wrap("_emit", originals["_emit"])  # type: ignore[method-assign]
     scheduler._send = clock.wrap("hand-off (post)", originals["_send"])  # type: ignore[method-assign]
     scheduler._decode = decode  # type: ignore[method-assign]
-    for name, fn in patched_sampling.items():
-        setattr(sampling, name, clock.wrap(name, fn))
+    for name, fn in patched_sampling.items():  # a step's rows at once count as logprobs too
+        label = "token_logprob" if name == "token_logprobs" else name
+        setattr(sampling, name, clock.wrap(label, fn))
     drain = generator_module._Mailbox._drain
     loop_side = {"s": 0.0, "calls": 0}
 

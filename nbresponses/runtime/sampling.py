@@ -291,43 +291,56 @@ def top_k(values: np.ndarray, k: int) -> np.ndarray:
 def token_logprobs(
     logits: np.ndarray,
     token_ids: Sequence[int],
-    top: int,
+    top: int | Sequence[int],
     *,
-    details: bool = False,
-    distribution: bool = False,
+    details: bool | Sequence[bool] = False,
+    distribution: bool | Sequence[bool] = False,
     native: NativeStats | None = None,
     threads: int = 1,
 ) -> tuple[TokenIdLogprob, ...]:
-    """``token_logprob`` of each row of ``logits`` [R, vocab] with its token, the same
-    numbers. With ``native``, the rows in one call on up to ``threads`` threads (a scoring
-    run's positions, a step's rows: independent rows while both cores wait for the next run)."""
+    """``token_logprob`` of each row of ``logits`` [R, vocab] with its token, the same numbers;
+    ``top``, ``details`` and ``distribution`` for all rows or one a row (a step's requests ask
+    for different ones). With ``native``, the rows in one call on up to ``threads`` threads (a
+    scoring run's positions, a step's rows: independent rows while both cores wait for the next
+    run); a row's top k is the first k of the most any row asks for (the same order)."""
+    count = len(token_ids)
+    tops = [top] * count if isinstance(top, int) else list(top)
+    detailed = [details] * count if isinstance(details, bool) else list(details)
+    whole = [distribution] * count if isinstance(distribution, bool) else list(distribution)
     if native is None:
         return tuple(
-            token_logprob(row, token, top, details=details, distribution=distribution)
-            for row, token in zip(logits, token_ids, strict=True)
+            token_logprob(row, token, k, details=d, distribution=w)
+            for row, token, k, d, w in zip(logits, token_ids, tops, detailed, whole, strict=True)
         )
     rows = logits if logits.dtype == np.float32 else logits.astype(np.float32)
     if rows.strides[1] != rows.itemsize:
         rows = np.ascontiguousarray(rows)
+    most = max(tops, default=0)
     logp = None
-    if distribution:
-        logp = np.empty(rows.shape, np.float32)  # the caller's to keep
-    elif top > 0:
-        logp = _scratch.rows(rows.shape)
-    found = native.rows(rows, token_ids, top, logp, threads)
+    if all(whole) and count:
+        logp = np.empty(rows.shape, np.float32)  # every row's: the caller's to keep
+    elif most > 0 or any(whole):
+        logp = _scratch.rows(rows.shape)  # reused: a row asked for is copied out
+    found = native.rows(rows, token_ids, most, logp, threads)
     values, ranks, entropies = found.logprob.tolist(), found.rank.tolist(), found.entropy.tolist()
     ids, best, counts = found.ids.tolist(), found.values.tolist(), found.counts.tolist()
-    return tuple(
-        TokenIdLogprob(
-            token_id=int(token),
-            logprob=values[r],
-            top=tuple(zip(ids[r][: counts[r]], best[r][: counts[r]], strict=True)),
-            rank=ranks[r] if details else None,
-            entropy=entropies[r] if details else None,
-            distribution=logp[r] if distribution and logp is not None else None,
+    out = []
+    for r, token in enumerate(token_ids):
+        shown = min(tops[r], counts[r])
+        kept = None
+        if whole[r] and logp is not None:
+            kept = logp[r] if all(whole) else logp[r].copy()
+        out.append(
+            TokenIdLogprob(
+                token_id=int(token),
+                logprob=values[r],
+                top=tuple(zip(ids[r][:shown], best[r][:shown], strict=True)),
+                rank=ranks[r] if detailed[r] else None,
+                entropy=entropies[r] if detailed[r] else None,
+                distribution=kept,
+            )
         )
-        for r, token in enumerate(token_ids)
-    )
+    return tuple(out)
 
 
 def token_logprob(
