@@ -260,6 +260,7 @@ class _Scratch(threading.local):
 
 _scratch = _Scratch()
 _BLOCK = 64  # top-k: a bound from the maxima of blocks of this many values
+_ROWS_AT_ONCE = 32  # rows a call of ``token_logprobs`` writes log-softmaxes of
 
 
 def top_k(values: np.ndarray, k: int) -> np.ndarray:
@@ -300,10 +301,13 @@ def token_logprobs(
 ) -> tuple[TokenIdLogprob, ...]:
     """``token_logprob`` of each row of ``logits`` [R, vocab] with its token, the same numbers;
     ``top``, ``details`` and ``distribution`` for all rows or one a row (a step's requests ask
-    for different ones). With ``native``, the rows in one call on up to ``threads`` threads (a
-    scoring run's positions, a step's rows: independent rows while both cores wait for the next
-    run); a row's top k is the first k of the most any row asks for (the same order)."""
+    for different ones). With ``native``, the rows in few calls on up to ``threads``
+    threads (a scoring run's positions, a step's rows: independent rows while both cores wait
+    for the next run); a row's top k is the first k of the most any row asks for (the same
+    order)."""
     count = len(token_ids)
+    if len(logits) != count:
+        raise ValueError(f"one token a row: {len(logits)} rows, {count} tokens")
     tops = [top] * count if isinstance(top, int) else list(top)
     detailed = [details] * count if isinstance(details, bool) else list(details)
     whole = [distribution] * count if isinstance(distribution, bool) else list(distribution)
@@ -316,30 +320,30 @@ def token_logprobs(
     if rows.strides[1] != rows.itemsize:
         rows = np.ascontiguousarray(rows)
     most = max(tops, default=0)
-    logp = None
-    if all(whole) and count:
-        logp = np.empty(rows.shape, np.float32)  # every row's: the caller's to keep
-    elif most > 0 or any(whole):
-        logp = _scratch.rows(rows.shape)  # reused: a row asked for is copied out
-    found = native.rows(rows, token_ids, most, logp, threads)
-    values, ranks, entropies = found.logprob.tolist(), found.rank.tolist(), found.entropy.tolist()
-    ids, best, counts = found.ids.tolist(), found.values.tolist(), found.counts.tolist()
-    out = []
-    for r, token in enumerate(token_ids):
-        shown = min(tops[r], counts[r])
-        kept = None
-        if whole[r] and logp is not None:
-            kept = logp[r] if all(whole) else logp[r].copy()
-        out.append(
-            TokenIdLogprob(
-                token_id=int(token),
-                logprob=values[r],
-                top=tuple(zip(ids[r][:shown], best[r][:shown], strict=True)),
-                rank=ranks[r] if detailed[r] else None,
-                entropy=entropies[r] if detailed[r] else None,
-                distribution=kept,
+    kept = most > 0 or any(whole)  # the log-softmaxes are needed: for the top k, or copied out
+    # then in blocks of rows, in a reused buffer of _ROWS_AT_ONCE rows (not a run's 256: 155 MB
+    # at Qwen3's vocabulary); else all rows in one call
+    size = _ROWS_AT_ONCE if kept else max(1, count)
+    out: list[TokenIdLogprob] = []
+    for first in range(0, count, size):
+        block = slice(first, min(count, first + size))
+        logp = _scratch.rows((block.stop - block.start, rows.shape[1])) if kept else None
+        found = native.rows(rows[block], token_ids[block], most, logp, threads)
+        values, ranks = found.logprob.tolist(), found.rank.tolist()
+        entropies, counts = found.entropy.tolist(), found.counts.tolist()
+        ids, best = found.ids.tolist(), found.values.tolist()
+        for n, r in enumerate(range(block.start, block.stop)):
+            shown = min(tops[r], counts[n])
+            out.append(
+                TokenIdLogprob(
+                    token_id=int(token_ids[r]),
+                    logprob=values[n],
+                    top=tuple(zip(ids[n][:shown], best[n][:shown], strict=True)),
+                    rank=ranks[n] if detailed[r] else None,
+                    entropy=entropies[n] if detailed[r] else None,
+                    distribution=logp[n].copy() if whole[r] and logp is not None else None,
+                )
             )
-        )
     return tuple(out)
 
 

@@ -214,6 +214,8 @@ def test_rows_refuse_what_a_row_alone_refuses() -> None:
         stats.rows(logits, [1, 8, 2])
     with pytest.raises(ValueError, match="token"):
         stats.rows(logits, [1, 2])
+    with pytest.raises(ValueError, match="one token a row"):
+        sampling.token_logprobs(logits, [1, 2], 0, native=stats)
     with pytest.raises(ValueError, match="give logp"):
         stats.rows(logits, [1, 2, 3], k=5)
     with pytest.raises(ValueError, match="logp"):
@@ -227,10 +229,12 @@ def test_rows_refuse_what_a_row_alone_refuses() -> None:
 
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # numpy: 0 * -inf
 def test_a_runs_logprobs_are_each_rows_alone() -> None:
-    """``sampling.token_logprobs`` (a scoring run's positions, one call) gives what
-    ``token_logprob`` gives each row, with the compiled core and with numpy's code."""
+    """``sampling.token_logprobs`` (a scoring run's positions, in calls of 16 rows) gives what
+    ``token_logprob`` gives each row, with the compiled core and with numpy's code; a row's
+    distribution is its own copy."""
     stats = _stats()
     logits, tokens = _one_vocabulary(seed=23)
+    logits, tokens = np.concatenate([logits] * 4)[:37], (tokens * 4)[:37]  # several blocks
     for native in (stats, None):
         for top, details, distribution in ((0, True, False), (5, False, True), (20, True, True)):
             together = sampling.token_logprobs(
@@ -257,6 +261,7 @@ def test_a_runs_logprobs_are_each_rows_alone() -> None:
                 )
                 if distribution:
                     np.testing.assert_array_equal(a.distribution, b.distribution)
+                    assert a.distribution.base is None  # not a view of a shared buffer
                 else:
                     assert a.distribution is None
 
