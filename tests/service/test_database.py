@@ -22,6 +22,7 @@ from openai.types.responses import Response
 
 from nbresponses.engine import Engine
 from nbresponses.service.database import ResponseDatabase, StoreWarning
+from nbresponses.service.storage.errors import StoreError
 from nbresponses.service.storage.schema import MIGRATIONS
 from nbresponses.service.store import STORE_DEFAULTS
 
@@ -317,6 +318,42 @@ async def test_a_locked_database_is_retried(tokenizer, db_path, clients):
     assert client.flush(timeout=10)
     row = sqlite3.connect(db_path).execute("SELECT status FROM responses").fetchone()
     assert row[0] == "completed" and r.status == "completed"
+
+
+def test_opening_a_file_another_connection_is_writing_waits_for_it(db_path):
+    """A new file still in its first (rollback) journal with another connection's write lock
+    on it, as when a second process opens it while the first creates it: SQLite answers the
+    switch to WAL with "database is locked" at once, without waiting. The store waits for the
+    lock (up to its busy timeout) instead of falling back to memory, where what it kept would
+    be lost at exit; a lock held past the timeout is still an error."""
+    import threading
+    import time
+
+    other = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
+    other.execute("CREATE TABLE t (x)")
+    other.execute("BEGIN IMMEDIATE")
+    other.execute("INSERT INTO t VALUES (1)")
+    release = threading.Timer(0.3, lambda: other.execute("COMMIT"))
+    release.start()
+    start = time.monotonic()
+    database = ResponseDatabase(db_path, busy_timeout=5.0)
+    try:
+        assert time.monotonic() - start >= 0.25  # it waited for the lock
+        mode = sqlite3.connect(db_path).execute("PRAGMA journal_mode").fetchone()[0]
+        assert mode == "wal"
+    finally:
+        database.close()
+        release.join()
+    held = db_path.with_name("held.sqlite3")
+    other = sqlite3.connect(held, isolation_level=None)
+    other.execute("CREATE TABLE t (x)")
+    other.execute("BEGIN IMMEDIATE")
+    other.execute("INSERT INTO t VALUES (1)")
+    start = time.monotonic()
+    with pytest.raises(StoreError, match="locked"):
+        ResponseDatabase(held, busy_timeout=0.2)
+    assert 0.2 <= time.monotonic() - start < 3
+    other.execute("ROLLBACK")
 
 
 async def test_a_read_only_database_still_reads(tokenizer, db_path, clients):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -136,21 +137,43 @@ UPSERT = (
 
 
 def connect(path: str | os.PathLike[str], busy_timeout: float) -> sqlite3.Connection:
-    """A connection to the file, usable from any thread (one at a time)."""
+    """A connection to the file, usable from any thread (one at a time).
+
+    The settings are retried while another connection holds the file's write lock, up to
+    ``busy_timeout``: turning a new file to WAL upgrades a read lock to a write lock, and
+    SQLite answers "database is locked" at once there rather than wait (its busy handler
+    would deadlock two such upgrades), so a second process opening a new file as the first
+    created it fell back to keeping its responses in memory, lost at exit
+    (tests/service/test_database.py)."""
+    deadline = time.monotonic() + busy_timeout
     try:
         db = sqlite3.connect(
             path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
         )
         db.row_factory = sqlite3.Row
-        # before anything is written (a no-op on a file that has tables): retention's
-        # deletes give their pages back to the disk (PRAGMA incremental_vacuum)
-        db.execute("PRAGMA auto_vacuum=INCREMENTAL")
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")  # WAL: durable at checkpoints, never corrupt
-        db.execute("PRAGMA foreign_keys=ON")
+        while True:
+            try:
+                _settings(db)
+                break
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(_LOCKED_PAUSE)
     except sqlite3.DatabaseError as exc:
         raise StoreError(f"{path} cannot be opened as a response store: {exc}") from exc
     return db
+
+
+_LOCKED_PAUSE = 0.01  # seconds between two tries of a connection's settings
+
+
+def _settings(db: sqlite3.Connection) -> None:
+    # before anything is written (a no-op on a file that has tables): retention's
+    # deletes give their pages back to the disk (PRAGMA incremental_vacuum)
+    db.execute("PRAGMA auto_vacuum=INCREMENTAL")
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=NORMAL")  # WAL: durable at checkpoints, never corrupt
+    db.execute("PRAGMA foreign_keys=ON")
 
 
 def migrate(db: sqlite3.Connection, path: Path) -> sqlite3.OperationalError | None:
