@@ -46,9 +46,9 @@ def session_options(threads: int | None = None) -> ort.SessionOptions:
     options.log_severity_level = 3
     # The graph's threads spin while a run lasts (a step's ~265 nodes each wake them) but stop
     # as it returns: a spinning thread held the other core through the per-row logprobs
-    # between runs, which two threads then computed no faster than one (a scoring run's 256
-    # rows: 120 ms either way, 70 with this), and through the notebook's own Python. Decode
-    # steps measured level with it (benchmarks/README.md).
+    # between runs, which two threads then computed no faster than one (2,940 scored tokens'
+    # statistics: 118-126 ms either way, 69-72 with this), and through the notebook's own
+    # Python. Decode steps measured level with it (benchmarks/README.md).
     options.add_session_config_entry("session.force_spinning_stop", "1")
     return options
 
@@ -177,9 +177,9 @@ class OnnxRunner:
             self._bindings, self._bound_past = {}, past
         found = self._bindings.get(shape)
         if found is None:
-            # Binding the KV buffers (60 on the bundled model, in and out) took ~0.2 ms, and
-            # speculation's steps change width often: a binding is kept for each shape the
-            # buffers see (a handful) until the buffers change.
+            # Binding the KV buffers (60 on the bundled model, in and out) again cost 0.2-0.5
+            # ms a step where widths alternate, as speculation's do (benchmarks/README.md): a
+            # binding is kept for each shape the buffers see (a handful) until they change.
             binding = self.session.io_binding()
             for name, out, value in zip(
                 self.layout.past_names, self.layout.present_names, past, strict=True

@@ -17,11 +17,14 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from nbresponses.tokens.contract import SamplingParams, TokenIdLogprob
+
+if TYPE_CHECKING:
+    from nbresponses.models.kernels import RowStats
 
 MAX_TOP_LOGPROBS = 20
 
@@ -43,24 +46,7 @@ class NativeStats(Protocol):
         k: int = 0,
         logp: np.ndarray | None = None,
         threads: int = 1,
-    ) -> NativeRows: ...
-
-
-class NativeRows(Protocol):
-    """``NativeStats.rows``' numbers, row r at index r (``models.kernels.RowStats``)."""
-
-    @property
-    def logprob(self) -> np.ndarray: ...
-    @property
-    def rank(self) -> np.ndarray: ...
-    @property
-    def entropy(self) -> np.ndarray: ...
-    @property
-    def ids(self) -> np.ndarray: ...
-    @property
-    def values(self) -> np.ndarray: ...
-    @property
-    def counts(self) -> np.ndarray: ...
+    ) -> RowStats: ...
 
 
 _NUCLEUS_PROBE = 64  # top-p: first try the 64 most likely tokens before sorting the vocabulary
@@ -242,8 +228,7 @@ class _Scratch(threading.local):
     def __init__(self) -> None:
         self.f32 = np.empty(0, np.float32)
         self.f64 = np.empty(0, np.float64)
-
-        self.block = np.empty(0, np.float32)
+        self.block = np.empty(0, np.float32)  # ``token_logprobs``' rows
 
     def get(self, size: int) -> tuple[np.ndarray, np.ndarray]:
         if self.f32.shape[0] != size:

@@ -270,8 +270,12 @@ extern "C" void nbr_token_stats_rows(const float* logits, int64_t rows, int64_t 
   };
   const int64_t parts = std::max<int64_t>(1, std::min(threads, rows));
   std::vector<std::thread> others;
-  for (int64_t p = 1; p < parts; ++p)
-    others.emplace_back(share, rows * p / parts, rows * (p + 1) / parts);
+  int64_t p = 1;
+  try {  // a thread that cannot start leaves its shares to this one (no exception leaves C)
+    for (; p < parts; ++p) others.emplace_back(share, rows * p / parts, rows * (p + 1) / parts);
+  } catch (...) {
+  }
   share(0, rows / parts);
+  share(rows * p / parts, rows);  // the shares no thread took (none when all started)
   for (auto& t : others) t.join();
 }
