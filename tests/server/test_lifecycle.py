@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 
 import httpx2
 import pytest
@@ -85,6 +86,22 @@ def test_stopping_uvicorn_ends_streams_cleanly(tokenizer):
         assert client.store.get(rid).run.response.status == "cancelled"
     finally:
         server.stop()
+
+
+def test_a_server_given_a_socket_sends_its_answers_without_delay(tokenizer):
+    """uvicorn writes an answer's head and body apart; on a socket made with
+    ``socket.socket()`` (proto 0, so asyncio leaves Nagle's algorithm on) the body waited for
+    the client's delayed ACK, 40 ms a request. The server sets TCP_NODELAY on the sockets it
+    is given, and the connections they accept have it."""
+    client, _ = scripted(tokenizer, "Hi")
+    with ThreadedServer(client) as server, server.http() as http:
+        assert server.sock.proto == 0  # the case asyncio does not cover
+        assert http.get("/v1/models").status_code == 200  # the connection stays open
+        connections = list(server.server.server_state.connections)
+        accepted = [c.transport.get_extra_info("socket") for c in connections]
+        assert accepted, "the request's connection is open"
+        for sock in accepted:
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
 
 
 def test_serve_command_line(monkeypatch):
