@@ -8,8 +8,8 @@ lengths arriving together; and, for the largest n, the same prompts arriving one
 ``--stagger-ms`` (default 50 ms).
 
 Systems, each skipped when not installed or named in ``--skip``:
-- ``engine``: ``TokenGenerator`` for every recipe in ``--recipes`` (default ``fused-q8``), all
-  scenarios, in this process;
+- ``engine``: ``TokenGenerator`` for every recipe in ``--recipes`` (default: the recipe ``auto``
+  tries first on this CPU, ``recipes.AUTO_ORDER[0]``), all scenarios, in this process;
 - ``llama.cpp``: ``llama-cpp-python`` on ``--gguf`` (default: the bundled model requantized to
   Q8_0 with llama.cpp's own quantizer), batch 1 only (it serves one sequence at a time, so its
   batch-1 speed is also what it serves concurrent requests at);
@@ -57,6 +57,7 @@ from workloads import Workload, load_workloads
 
 from nbresponses.models.cpu import physical_cores
 from nbresponses.models.prepare import prepare_model
+from nbresponses.models.recipes import AUTO_ORDER
 from nbresponses.runtime.generator import DEFAULT_PREFIX_CACHE, TokenGenerator
 from nbresponses.tokens.contract import SamplingParams
 
@@ -250,7 +251,9 @@ def parse_args() -> argparse.Namespace:
         default=50.0,
         help="also run the largest concurrency with one arrival every this many ms (0: no)",
     )
-    parser.add_argument("--recipes", nargs="+", default=["fused-q8"], help="the first is the base")
+    parser.add_argument(
+        "--recipes", nargs="+", default=[AUTO_ORDER[0]], help="the first is the base"
+    )
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument(
         "--threads", type=int, default=None, help="engine threads (default: physical cores)"

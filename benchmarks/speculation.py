@@ -9,7 +9,7 @@ row, as a decode step sees them) and prints each step's cost relative to a plain
 same rows, measured and modelled, so the constants can be checked (or re-fitted) on another
 machine or model.
 
-    python benchmarks/speculation.py [--recipe fused-q8] [--keys 250]
+    python benchmarks/speculation.py [--recipe RECIPE] [--keys 250]
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from nbresponses.models.prepare import prepare_model
+from nbresponses.models.recipes import AUTO_ORDER
 from nbresponses.runtime.kv import EndPaddedKV
 from nbresponses.runtime.runner import OnnxRunner
 from nbresponses.runtime.speculation import EVERY_COLUMN, OWN_COLUMNS
@@ -57,7 +58,7 @@ def step_ms(runner: OnnxRunner, rows: int, keys: int, reps: int) -> dict[int, fl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--recipe", default="fused-q8")
+    parser.add_argument("--recipe", default=AUTO_ORDER[0])
     parser.add_argument("--keys", type=int, default=250)
     parser.add_argument("--reps", type=int, default=9)
     args = parser.parse_args()

@@ -26,6 +26,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from nbresponses.models.prepare import prepare_model
+from nbresponses.models.recipes import AUTO_ORDER
 from nbresponses.runtime.kv import EndPaddedKV
 from nbresponses.runtime.runner import OnnxRunner, session_options
 
@@ -87,7 +88,7 @@ def kernel_chain(count: int, width: int = 576) -> onnx.ModelProto:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--recipe", default="fused-q8")
+    parser.add_argument("--recipe", default=AUTO_ORDER[0])
     parser.add_argument("--keys", type=int, default=100)
     parser.add_argument("--reps", type=int, default=50)
     args = parser.parse_args()

@@ -2,7 +2,8 @@
 scheduler's Python, the hand-off to the event loop; and inside the graph run, ONNX Runtime's own
 per-operator totals against the run's wall time (the rest is dispatch between kernels).
 
-Two parts, both on the prepared model of ``--recipe`` (default ``fused-q8``):
+Two parts, both on the prepared model of ``--recipe`` (default: the recipe ``auto`` tries first
+on this CPU):
 
 1. the engine (``TokenGenerator``), chat prompts (benchmarks/workloads.py), every request
    ``--max-tokens`` greedy tokens with eos ignored, at batch 1 and at batch 16, each once plain
@@ -39,6 +40,7 @@ from workloads import load_workloads
 
 from nbresponses.models import kernels
 from nbresponses.models.prepare import prepare_model
+from nbresponses.models.recipes import AUTO_ORDER
 from nbresponses.runtime import generator as generator_module
 from nbresponses.runtime import sampling
 from nbresponses.runtime.generator import TokenGenerator
@@ -268,7 +270,7 @@ def ort_profile(runner_path: Path, threads: int | None, batch: int, keys: int, s
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--recipe", default="fused-q8")
+    parser.add_argument("--recipe", default=AUTO_ORDER[0])
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--steps", type=int, default=50, help="ORT-profiled steps per batch size")
     parser.add_argument("--keys", type=int, default=100)

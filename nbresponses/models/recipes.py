@@ -405,11 +405,12 @@ RECIPES: dict[str, Recipe] = {
 # (UnsupportedArchitecture) and get the Optimum recipes. Before it, where the CPU multiplies
 # int8 in one instruction (VNNI; AMX) and our operators can be had (a compiler and ONNX
 # Runtime's headers, `make kernel-deps`, or a library this machine built already),
-# fused-int8-kernel: on the bundled model as fast as
-# fused-q8 for one request, 1.4-1.6x for 16, 1.3-1.4x a prompt's prefill, more faithful (top-1
-# 97.1% / mean |dlogprob| 0.050 against 96.2% / 0.059; benchmarks/README.md, "The integer
-# products' quantizer in one node"). Elsewhere (Binder has no compiler headers; AVX2-only CPUs
-# get 7-bit integer weights) fused-q8 stays first.
+# fused-int8-kernel: on the bundled model 1.4x fused-q8's decode for one request, 2.5x for 16,
+# two thirds of its time to first token (`decode.py`, both in one run, December 2026), and more
+# faithful: top-1 97.5% / mean |dlogprob| 0.0415 against 96.2% / 0.059, every product scaled per
+# 64 channels (benchmarks/README.md, "Every product scaled per 64 channels: GroupProduct").
+# Elsewhere (Binder has no compiler headers; AVX2-only CPUs get 7-bit integer weights) fused-q8
+# stays first.
 _BASE_ORDER = ("fused-q8", "q8", "q8-fp32-head", "fp32")
 
 
