@@ -1,7 +1,7 @@
 """The cost of a full-vocabulary comparison of two recipes over a corpus, and its report.
 
 Both engines score the same tokens (``Engine.divergence``: prefill chunks of ``--chunk`` tokens,
-the two engines side by side, every position's two full distributions reduced to KL, Δp,
+one engine and then the other, every position's two full distributions reduced to KL, Δp,
 ranks and top-1 agreement before the next chunk). Timed against each engine scoring the
 corpus alone (``score_many``, ``method="prefill"``) in the same run, round-robin, medians of
 ``--rounds``; then llama.cpp's KL-divergence statistics (``nbr.divergence_summary``).
@@ -23,6 +23,7 @@ from score import corpus
 
 import nbresponses as nbr
 from nbresponses.models.prepare import prepare_model
+from nbresponses.models.recipes import AUTO_ORDER
 from nbresponses.runtime.generator import TokenGenerator
 
 
@@ -53,7 +54,7 @@ async def main_async(args: argparse.Namespace) -> None:
     base, other = engines.values()
     names = list(engines)
     timings: dict[str, list[float]] = {f"{names[0]} alone": [], f"{names[1]} alone": []}
-    timings["compare, side by side"] = []
+    timings["compare (full vocabulary)"] = []
     frame = None
     for round_ in range(args.rounds + 1):  # the first is a warm-up
         for engine in (base, other):
@@ -66,7 +67,7 @@ async def main_async(args: argparse.Namespace) -> None:
         if round_:
             timings[f"{names[0]} alone"].append(n0 / t0)
             timings[f"{names[1]} alone"].append(n1 / t1)
-            timings["compare, side by side"].append(n2 / t2)
+            timings["compare (full vocabulary)"].append(n2 / t2)
     print(f"corpus: {len(texts)} documents, {n2} tokens; chunk {args.chunk}")
     print("\n| run | tokens/s (median) |\n|---|---|")
     for name, values in timings.items():
@@ -85,7 +86,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--documents", type=int, default=8)
     parser.add_argument("--chunk", type=int, default=256)
-    parser.add_argument("--recipe", default="fused-q8", help="compared with the fp32 analysis")
+    parser.add_argument("--recipe", default=AUTO_ORDER[0], help="compared with the fp32 analysis")
     asyncio.run(main_async(parser.parse_args()))
 
 

@@ -3,7 +3,7 @@
 Both engines (two recipes of one model, or two models with one tokenizer) score the same token
 ids; at every position the two full next-token distributions give the exact KL(a ‖ b), the
 scored token's probability under each (Δp), both its ranks and whether the most likely token
-agrees. Texts are scored in chunks of ``chunk`` tokens, the two engines side by side, and
+agrees. Texts are scored in chunks of ``chunk`` tokens, by one engine and then the other, and
 each chunk's distributions are reduced to those few numbers before the next chunk is asked
 for: memory stays at two chunks of vocabulary-sized vectors, whatever the corpus
 (llama.cpp's tool writes every position's logits to a file first). The prefix cache keeps a
@@ -12,7 +12,6 @@ chunk's context from being recomputed.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -105,9 +104,11 @@ async def divergence(
             for context, given in windows(job, a.context_length):
                 for start in range(0, len(given), chunk):
                     ctx, part = [*context, *given[:start]], given[start : start + chunk]
-                    da, db = await asyncio.gather(
-                        a.distributions(ctx, part, method), b.distributions(ctx, part, method)
-                    )
+                    # one engine after the other: both run in this kernel, on the same cores,
+                    # and side by side their thread pools took turns on them (2,940 tokens,
+                    # 2 cores: 257-296 against 311-328 tokens/s, benchmarks/README.md)
+                    da = await a.distributions(ctx, part, method)
+                    db = await b.distributions(ctx, part, method)
                     _add_rows(rows, a, da, db)
                     del da, db  # the distributions go: only the per-token numbers stay
                     rows["document"].extend([document] * len(part))
