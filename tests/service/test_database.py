@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import inspect
 import json
@@ -350,10 +351,20 @@ def test_opening_a_file_another_connection_is_writing_waits_for_it(db_path):
     other.execute("BEGIN IMMEDIATE")
     other.execute("INSERT INTO t VALUES (1)")
     start = time.monotonic()
-    with pytest.raises(StoreError, match="locked"):
+    with pytest.raises(StoreError, match="locked") as caught:
         ResponseDatabase(held, busy_timeout=0.2)
     assert 0.2 <= time.monotonic() - start < 3
     other.execute("ROLLBACK")
+    other.close()
+    # the failed connection was closed, not left open on the file (while the error and its
+    # frames live): SQLite closes a closed connection's descriptor once the file's other
+    # connections in this process are gone too
+    held_path = str(held.resolve())
+    open_on_held = []
+    for fd in Path("/proc/self/fd").iterdir():
+        with contextlib.suppress(OSError):  # the directory's own descriptor, gone as it is read
+            open_on_held.append(os.readlink(fd) == held_path)
+    assert not any(open_on_held), caught
 
 
 async def test_a_read_only_database_still_reads(tokenizer, db_path, clients):

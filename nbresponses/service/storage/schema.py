@@ -146,6 +146,7 @@ def connect(path: str | os.PathLike[str], busy_timeout: float) -> sqlite3.Connec
     created it fell back to keeping its responses in memory, lost at exit
     (tests/service/test_database.py)."""
     deadline = time.monotonic() + busy_timeout
+    db: sqlite3.Connection | None = None
     try:
         db = sqlite3.connect(
             path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
@@ -160,6 +161,8 @@ def connect(path: str | os.PathLike[str], busy_timeout: float) -> sqlite3.Connec
                     raise
                 time.sleep(_LOCKED_PAUSE)
     except sqlite3.DatabaseError as exc:
+        if db is not None:
+            db.close()  # not left open on the file by a store that could not use it
         raise StoreError(f"{path} cannot be opened as a response store: {exc}") from exc
     return db
 
