@@ -65,9 +65,12 @@ async def test_a_steps_rows_get_the_logprobs_each_gets_alone(
     monkeypatch.setattr(sampling, "token_logprobs", counted)
     async with TokenGenerator(prepared, tokenizer=tokenizer, prefix_cache_bytes=0) as engine:
         engine.runner.threads = 2  # the rows shared by two threads, whatever this machine has
-        together = await asyncio.gather(
-            *(_steps(engine, p, q) for p, q in zip(prompts, ASKS, strict=True))
-        )
+        # admitted in one round, so that they decode together however slow the machine (taken
+        # as they came, a row could finish its 8 tokens before the last one was admitted)
+        with engine.together(len(ASKS)):
+            together = await asyncio.gather(
+                *(_steps(engine, p, q) for p, q in zip(prompts, ASKS, strict=True))
+            )
     assert max(calls) == sum(1 for q in ASKS if q != BASE)  # every reporting row in one call
     assert (engine.runner.token_stats is None) == (recipe == "fused-fp32")
     for mine, theirs, params in zip(together, alone, ASKS, strict=True):
