@@ -38,8 +38,7 @@ def _runner(path: str) -> OnnxRunner:
 
 def step_timer(runner: OnnxRunner, batch: int, keys: int):
     kv = EndPaddedKV(runner.layout, reads_every_column=runner.reads_every_column)
-    shape = (runner.layout.kv_heads, keys, runner.layout.head_dim)
-    kv.add_rows([[np.zeros(shape, runner.layout.dtype) for _ in runner.layout.past_names]] * batch)
+    kv.add_rows([runner.layout.zeros(keys)] * batch)
 
     def step() -> float:
         start = time.perf_counter()

@@ -22,12 +22,23 @@ import numpy as np
 
 from nbresponses.models.prepare import prepare_model
 from nbresponses.models.recipes import AUTO_ORDER
-from nbresponses.runtime.kv import EndPaddedKV
+from nbresponses.runtime.kv import EndPaddedKV, KVBuffer
 from nbresponses.runtime.runner import OnnxRunner
 from nbresponses.runtime.speculation import EVERY_COLUMN, OWN_COLUMNS
 
 ROWS = (1, 4, 16)
 WIDTHS = (1, 2, 3, 5, 9)
+
+
+def _random(buffer: KVBuffer, keys: int, rng: np.random.Generator) -> np.ndarray:
+    """One row's random columns; int8 value columns (fused-int8-kernel) random integers, each
+    column's trailing 4-byte scale 1/64 (random bytes there could be NaN or subnormal)."""
+    shape = (buffer.kv_heads, keys, buffer.width)
+    if buffer.dtype != np.int8:
+        return rng.standard_normal(shape).astype(buffer.dtype)
+    column = rng.integers(-127, 128, shape).astype(np.int8)
+    column[..., -4:] = np.frombuffer(np.float32(1 / 64).tobytes(), np.int8)
+    return column
 
 
 def step_ms(runner: OnnxRunner, rows: int, keys: int, reps: int) -> dict[int, float]:
@@ -36,15 +47,7 @@ def step_ms(runner: OnnxRunner, rows: int, keys: int, reps: int) -> dict[int, fl
     layout = runner.layout
     rng = np.random.default_rng(0)
     kv = EndPaddedKV(layout, reads_every_column=True)
-    kv.add_rows(
-        [
-            [
-                rng.standard_normal((layout.kv_heads, keys, layout.head_dim)).astype(layout.dtype)
-                for _ in layout.past_names
-            ]
-            for _ in range(rows)
-        ]
-    )
+    kv.add_rows([[_random(b, keys, rng) for b in layout.buffers] for _ in range(rows)])
     times: dict[int, list[float]] = {width: [] for width in WIDTHS}
     for _ in range(reps):
         for width in WIDTHS:

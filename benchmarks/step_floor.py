@@ -96,8 +96,7 @@ def main() -> None:
     runner = OnnxRunner(prepared.onnx_path)
     layout = runner.layout
     kv = EndPaddedKV(layout, reads_every_column=runner.reads_every_column)
-    shape = (layout.kv_heads, args.keys, layout.head_dim)
-    kv.add_rows([[np.zeros(shape, layout.dtype) for _ in layout.past_names]])
+    kv.add_rows([layout.zeros(args.keys)])
 
     def step() -> None:
         kv.step(runner, [5])

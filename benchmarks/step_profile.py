@@ -34,7 +34,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnxruntime as ort
 from workloads import load_workloads
 
@@ -237,8 +236,7 @@ def ort_profile(runner_path: Path, threads: int | None, batch: int, keys: int, s
         )
         layout = runner.layout
         kv = EndPaddedKV(layout, reads_every_column=runner.reads_every_column)
-        shape = (layout.kv_heads, keys, layout.head_dim)
-        kv.add_rows([[np.zeros(shape, layout.dtype) for _ in layout.past_names]] * batch)
+        kv.add_rows([layout.zeros(keys)] * batch)
         for _ in range(3):  # warm-up, then cut from the profile below
             kv.step(runner, [5] * batch)
             for i in range(batch):

@@ -234,6 +234,7 @@ def attention(
     softcap: float = 0.0,
     window: int | None = None,
     stored: int | None = None,
+    int8_values: bool = False,
     kernel: bool = False,
     tables: tuple[str, str] | None = None,
     norms: tuple[str, str, float] | None = None,
@@ -256,7 +257,8 @@ def attention(
     only): new keys and values are rounded to it as they are written (``write``) and every
     product reads the buffer back as float, so a token sees the same stored numbers whether
     they were written in this run or an earlier one (prefill == decode), and a step reads half
-    the KV bytes."""
+    the KV bytes. ``int8_values`` (``kernel`` only): the value buffers are int8 columns of
+    head_dim values and their fp32 scale (``KVAttentionInt8Values``), whatever the keys' type."""
     from onnx import TensorProto
 
     shape = step.shape
@@ -273,7 +275,7 @@ def attention(
             inputs += norms[:2]
             optional["epsilon"] = float(norms[2])
         return g.node(
-            "KVAttention",
+            "KVAttentionInt8Values" if int8_values else "KVAttention",
             inputs,
             [f"{name}/kernel/out0", present[0], present[1]],
             name=f"{name}/kernel",
@@ -284,9 +286,10 @@ def attention(
             window=int(window or 0),
             **optional,
         )[0]
-    if tables is not None or norms is not None or not k:
+    if tables is not None or norms is not None or not k or int8_values:
         raise ValueError(
-            "packed heads, rotary tables and head norms are the KVAttention operator's only"
+            "packed heads, rotary tables, head norms and int8 values are the KVAttention "
+            "operator's only"
         )
     keys, values = write(g, step, name=name, k=k, v=v, past=past, present=present, stored=stored)
     if stored is not None:  # [B, kv, W, hd] as float

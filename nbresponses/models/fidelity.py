@@ -155,9 +155,9 @@ def _feeds(session: Any, ids: list[int], room: int = 0) -> dict[str, np.ndarray]
         elif spec.name == "position_ids":
             feeds[spec.name] = np.arange(len(ids), dtype=np.int64)[None, :]
         elif spec.name.startswith("past_key_values"):
-            heads, head_dim = spec.shape[1], spec.shape[3]
-            dtype = np.float16 if "float16" in spec.type else np.float32
-            feeds[spec.name] = np.zeros((1, heads, width, head_dim), dtype=dtype)
+            heads, head_dim = spec.shape[1], spec.shape[3]  # int8 values: head_dim + 4
+            dtype = {"tensor(float16)": np.float16, "tensor(int8)": np.int8}.get(spec.type)
+            feeds[spec.name] = np.zeros((1, heads, width, head_dim), dtype=dtype or np.float32)
         elif spec.name == LOGITS_TO_KEEP:
             feeds[spec.name] = np.zeros(1, np.int64)  # every position
     return feeds

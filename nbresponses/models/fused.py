@@ -63,6 +63,10 @@ QUANTIZER_KINDS = ("ops", "kernel")
 # the KV buffers' element types (onnx.TensorProto's numbers): float16 halves the bytes a step
 # reads at batch 16 (attention.attention)
 KV_DTYPES = {"float32": 1, "float16": 10}
+# the value buffers' types besides the keys' (kernel attention only): int8, each column its
+# head_dim values and then its fp32 scale's 4 bytes (KVAttentionInt8Values: models/kernels)
+VALUE_DTYPES = {"int8": 3}
+INT8_VALUE_EXTRA = 4  # the bytes of a value column's scale
 MAX_POSITIONS = "nbresponses.max_positions"  # metadata: positions the rotary tables cover
 SUPPORTED_TYPES = tuple(ARCHITECTURES)
 
@@ -629,6 +633,7 @@ class _Decoder:
         smoothing: Smoothing | None = None,
         tensors: Mapping[str, Any] | None = None,
         kv_dtype: str = "float32",
+        value_dtype: str | None = None,
     ) -> None:
         config = model.config
         check_supported(config)
@@ -640,11 +645,17 @@ class _Decoder:
                 "attention only), "
                 f"got {kv_dtype!r}"
             )
+        if value_dtype is not None and (value_dtype not in VALUE_DTYPES or attention != "kernel"):
+            raise ValueError(
+                f"value_dtype must be None or one of {tuple(VALUE_DTYPES)} (kernel attention "
+                f"only), got {value_dtype!r}"
+            )
         self.attention_kind = attention
         # a graph whose attention is our KVAttention loads our operators anyway: its norms
         # (SkipNorm) and a silu MLP's activation (GatedSilu) are ours too
         self.ours = attention == "kernel"
         self.kv_type = KV_DTYPES[kv_dtype]
+        self.value_type = self.kv_type if value_dtype is None else VALUE_DTYPES[value_dtype]
         self.config = config
         self.arch: Architecture = ARCHITECTURES[config.model_type]
         self.w = _Weights(model, tensors)
@@ -871,6 +882,7 @@ class _Decoder:
             scale=self.arch.attention_scale(self.config),
             window=self.windows[i] or None,
             stored=None if self.kv_type == KV_DTYPES["float32"] else self.kv_type,
+            int8_values=self.value_type == VALUE_DTYPES["int8"],
             kernel=kernel,
             tables=tables if kernel else None,
             norms=norms,
@@ -1040,6 +1052,7 @@ def build_fused_model(
     blocks: tuple[str, ...] = (),
     tensors: Mapping[str, Any] | None = None,
     kv_dtype: str = "float32",
+    value_dtype: str | None = None,
     quantizer: str = "ops",
     grouped: tuple[str, ...] = (),
     group: int = 64,
@@ -1066,7 +1079,10 @@ def build_fused_model(
     (``streamed.py``: read one at a time, so the model is never whole in memory).
 
     ``kv_dtype``: the KV buffers' type, "float32" or "float16" (ops or kernel attention: keys and
-    values rounded to fp16 as they are stored, read back as fp32)."""
+    values rounded to fp16 as they are stored, read back as fp32). ``value_dtype``: "int8"
+    (kernel attention only) stores the values apart from the keys' type: each token's value
+    head as int8 with one fp32 scale, [B, kv_heads, W, head_dim + 4] (``KVAttentionInt8Values``
+    in models/kernels/kv_attention.cc)."""
     from onnx import TensorProto, helper
 
     graph: _Graph
@@ -1084,7 +1100,7 @@ def build_fused_model(
         graph = _NBitsGraph(bits, weights)
     else:
         graph = _Graph(weights)
-    decoder = _Decoder(model, graph, attention, smoothing, tensors, kv_dtype)
+    decoder = _Decoder(model, graph, attention, smoothing, tensors, kv_dtype, value_dtype)
     decoder.lm_head(decoder.build())
     unread = decoder.w.unread()
     if unread:  # a bias, a norm or a projection this builder does not know: refuse, not drop
@@ -1122,16 +1138,18 @@ def build_fused_model(
             "logits", fp32, ["batch", "kept_positions", int(config.vocab_size)]
         )
     ]
+    int8_values = decoder.value_type == VALUE_DTYPES["int8"]
+    values_in = [*cache_in[:3], head_dim + INT8_VALUE_EXTRA] if int8_values else cache_in
+    values_out = [*cache_out[:3], head_dim + INT8_VALUE_EXTRA] if int8_values else cache_out
     for i in range(config.num_hidden_layers):
-        for kind in ("key", "value"):
+        for kind, kv_type, past, present in (
+            ("key", decoder.kv_type, cache_in, cache_out),
+            ("value", decoder.value_type, values_in, values_out),
+        ):
             inputs.append(
-                helper.make_tensor_value_info(
-                    f"past_key_values.{i}.{kind}", decoder.kv_type, cache_in
-                )
+                helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", kv_type, past)
             )
-            outputs.append(
-                helper.make_tensor_value_info(f"present.{i}.{kind}", decoder.kv_type, cache_out)
-            )
+            outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", kv_type, present))
     graph = helper.make_graph(g.nodes, "nbresponses-fused", inputs, outputs, g.initializers)
     opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)]
     if any(node.domain == DOMAIN for node in g.nodes):

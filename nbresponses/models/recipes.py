@@ -213,6 +213,7 @@ def fused_integer(attention: str = "ops", quantizer: str = "ops") -> Callable[[A
             group=INTEGER_GROUP,
             tensors=source.tensors,
             kv_dtype=INTEGER_KV,
+            value_dtype=INTEGER_VALUES if attention == "kernel" else None,
             attention=attention,
             quantizer=quantizer,
         )
@@ -264,6 +265,13 @@ INTEGER_GROUPED = ("/qkv", "/o", "/gate_up", "/down", "lm_head")
 # measurable cost in fidelity (97.7% / 0.049 -> 97.6% / 0.050); fused-q8 keeps fp32 (its top-1
 # would go 96.2% -> 96.0%, under the default's bar; benchmarks/README.md)
 INTEGER_KV = "float16"
+# fused-int8-kernel's value buffers: int8, one fp32 scale per token and KV head (our
+# KVAttentionInt8Values). Probed first (prepare's broad set, bundled model: each value head
+# rounded to int8 and back as written): top-1 97.8% / mean |dlogprob| 0.0422 / KL 0.0024 against
+# fp16's 97.5% / 0.0415 / 0.0024; the keys in int8 lost (97.1% / 0.0533), so they stay fp16. A
+# column 196 bytes a head instead of 256 (bundled model): a 16-row step's attention at 250 keys
+# ~15% faster, and a row's KV 23% smaller (benchmarks/README.md)
+INTEGER_VALUES = "int8"
 # every fused graph's layout (the engine reads these)
 _FUSED = {"graph": "fused", "kv": "scatter-in-place", "attention": "ops", "logits_to_keep": "input"}
 _Q8_PARAMS = {**_FUSED, "bits": 8, "block_size": 32, "accuracy_level": 4, "lm_head": "q8"}
@@ -379,7 +387,8 @@ RECIPES: dict[str, Recipe] = {
         Recipe(
             "fused-int8-kernel",
             "fused-int8 with its attention computed by our KVAttention operator (as "
-            "fused-q8-kernel), reading the fp16 KV as stored, and every product (QKV, o, "
+            "fused-q8-kernel), reading the KV as stored (keys fp16, values int8 with a scale "
+            "per token and head), and every product (QKV, o, "
             "gate/up, down, LM head) an integer product of weights and rows each scaled per 64 "
             "input channels by our GroupProduct operator (VNNI), 16 outlier channels in fp32; "
             + _FAMILIES,
@@ -391,6 +400,7 @@ RECIPES: dict[str, Recipe] = {
                 "activations": "int8, one scale per 64 channels of a row, computed at run time",
                 "8-bit blocks": [],
                 "grouped": {"products": list(INTEGER_GROUPED), "channels": INTEGER_GROUP},
+                "value_dtype": INTEGER_VALUES,
                 "operator": kernels.source_digest(),
             },
             from_source=fused_integer(attention="kernel", quantizer="kernel"),

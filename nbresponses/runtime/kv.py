@@ -30,21 +30,51 @@ HEADROOM = 128  # spare columns of an in-place buffer: a re-allocation every HEA
 # spare columns in every step; fewer of them, re-allocated more often, cost less.
 SCATTER_HEADROOM = 32
 
-RowKV = list[np.ndarray]  # one [kv_heads, T, head_dim] array per past input, in input order
+RowKV = list[np.ndarray]  # one [kv_heads, T, width] array per past input, in input order
 
-# a graph input's KV type -> numpy (the fused graphs: float, or float16 for fused-int8)
-ONNX_KV_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+# a graph input's KV type -> numpy (the fused graphs: float, or float16 for fused-int8, whose
+# kernel recipe keeps its values in int8)
+ONNX_KV_DTYPES = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(int8)": np.int8,
+}
+
+
+@dataclass(frozen=True)
+class KVBuffer:
+    """One past input's buffers: [B, kv_heads, columns, width] of ``dtype``. ``width``: the head
+    size, or more where a column carries more than its numbers (fused-int8-kernel's int8 values:
+    the head's values, then their fp32 scale's 4 bytes). The engine only moves whole columns."""
+
+    kv_heads: int
+    width: int
+    dtype: np.dtype
+
+    @classmethod
+    def of_input(cls, spec: Any) -> KVBuffer:
+        """The buffer an ONNX Runtime input (``session.get_inputs()``) takes."""
+        _, kv_heads, _, width = spec.shape
+        return cls(int(kv_heads), int(width), np.dtype(ONNX_KV_DTYPES.get(spec.type, np.float32)))
+
+    @property
+    def bytes_per_column(self) -> int:
+        return self.kv_heads * self.width * self.dtype.itemsize
+
+    def zeros(self, columns: int, batch: int | None = None) -> np.ndarray:
+        """``columns`` zeroed columns: one row's [kv_heads, columns, width], or ``batch`` rows'."""
+        shape = (self.kv_heads, columns, self.width)
+        return np.zeros(shape if batch is None else (batch, *shape), self.dtype)
 
 
 @dataclass(frozen=True)
 class KVLayout:
-    """Names and shapes of the model's KV inputs and outputs."""
+    """Names and buffers of the model's KV inputs and outputs (``buffers``: one per past input,
+    in input order; keys and values may differ)."""
 
     past_names: tuple[str, ...]
     present_names: tuple[str, ...]
-    kv_heads: int
-    head_dim: int
-    dtype: np.dtype
+    buffers: tuple[KVBuffer, ...]
 
     @classmethod
     def from_session(cls, session: Any) -> KVLayout:
@@ -56,22 +86,36 @@ class KVLayout:
         missing = [name for name in presents if name not in outputs]
         if missing:
             raise ValueError(f"the model lacks KV outputs {missing[:3]}")
-        _, kv_heads, _, head_dim = pasts[0].shape
         return cls(
             past_names=tuple(p.name for p in pasts),
             present_names=presents,
-            kv_heads=int(kv_heads),
-            head_dim=int(head_dim),
-            dtype=np.dtype(ONNX_KV_DTYPES.get(pasts[0].type, np.float32)),
+            buffers=tuple(KVBuffer.of_input(p) for p in pasts),
         )
+
+    @classmethod
+    def uniform(
+        cls,
+        past_names: tuple[str, ...],
+        present_names: tuple[str, ...],
+        *,
+        kv_heads: int,
+        head_dim: int,
+        dtype: np.dtype,
+    ) -> KVLayout:
+        """Every buffer alike (the exports of other tools; tests)."""
+        buffer = KVBuffer(kv_heads, head_dim, np.dtype(dtype))
+        return cls(past_names, present_names, (buffer,) * len(past_names))
 
     @property
     def bytes_per_token(self) -> int:
-        return len(self.past_names) * self.kv_heads * self.head_dim * self.dtype.itemsize
+        return sum(b.bytes_per_column for b in self.buffers)
 
     def empty(self, batch: int = 1) -> list[np.ndarray]:
-        shape = (batch, self.kv_heads, 0, self.head_dim)
-        return [np.zeros(shape, self.dtype) for _ in self.past_names]
+        return [b.zeros(0, batch) for b in self.buffers]
+
+    def zeros(self, columns: int) -> RowKV:
+        """One row's KV of ``columns`` zeroed columns (benchmarks, warm-ups)."""
+        return [b.zeros(columns) for b in self.buffers]
 
 
 def row_bytes(row: RowKV) -> int:

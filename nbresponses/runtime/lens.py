@@ -18,7 +18,7 @@ import onnxruntime as ort
 
 from nbresponses.models import kernels
 from nbresponses.models.lens import NEXT_IDS, OUTPUTS, lens_path
-from nbresponses.runtime.kv import ONNX_KV_DTYPES
+from nbresponses.runtime.kv import KVBuffer
 from nbresponses.runtime.runner import session_options
 
 
@@ -44,24 +44,20 @@ class LogitLens:
         options = kernels.for_model(session_options(threads), path)
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         pasts = [i for i in self.session.get_inputs() if i.name.startswith("past_key_values.")]
-        _, kv_heads, _, head_dim = pasts[0].shape
-        self._pasts = [p.name for p in pasts]
-        self._kv = (int(kv_heads), int(head_dim))
-        self._kv_dtype = ONNX_KV_DTYPES.get(pasts[0].type, np.float32)
+        self._pasts = {p.name: KVBuffer.of_input(p) for p in pasts}
 
     def run(self, token_ids: Sequence[int]) -> LensResult:
         ids = np.asarray([int(t) for t in token_ids], np.int64)
         count = ids.shape[0]
         if count < 1:
             raise ValueError("the lens needs at least one token")
-        kv_heads, head_dim = self._kv
         feeds = {
             "input_ids": ids[None],
             "position_ids": np.arange(count, dtype=np.int64)[None],
             "num_logits_to_keep": np.array([0], np.int64),
             NEXT_IDS: np.concatenate([ids[1:], ids[-1:]])[None],
             # the graph writes each token's key and value at its position: room for all
-            **{n: np.zeros((1, kv_heads, count, head_dim), self._kv_dtype) for n in self._pasts},
+            **{name: buffer.zeros(count, 1) for name, buffer in self._pasts.items()},
         }
         top_ids, top_lp, next_lp, rank, kl = self.session.run(list(OUTPUTS), feeds)
         next_lp = next_lp[..., 0].astype(np.float64)

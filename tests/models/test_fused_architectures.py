@@ -195,11 +195,18 @@ def test_a_float16_kv_saturates_instead_of_overflowing(prompts, tokenizer) -> No
 
 
 def test_a_float16_kv_needs_the_ops_attention() -> None:
+    """A float16 KV needs attention that writes in place; int8 values our operator."""
     model = _torch_model("llama3", 64, ())
     with pytest.raises(ValueError, match="kv_dtype"):
         build_fused_model(model, attention="gqa", kv_dtype="float16")
     with pytest.raises(ValueError, match="kv_dtype"):
         build_fused_model(model, kv_dtype="int8")
+    # int8 values are our KVAttentionInt8Values' only
+    for attention, kv_dtype in (("ops", "float16"), ("gqa", "float32")):
+        with pytest.raises(ValueError, match="value_dtype"):
+            build_fused_model(model, attention=attention, kv_dtype=kv_dtype, value_dtype="int8")
+    with pytest.raises(ValueError, match="value_dtype"):
+        build_fused_model(model, attention="kernel", kv_dtype="float16", value_dtype="int4")
 
 
 def test_ops_attention_layers(arch) -> None:

@@ -150,18 +150,20 @@ async def test_the_engine_lens_frame_and_heat_map(tiny_fused, tokenizer):
     assert "Paris" in html
 
 
-@pytest.mark.parametrize("attention", ["ops", "kernel"])
-def test_a_float16_kv_graph_has_a_lens(tokenizer, tmp_path, attention):
+@pytest.mark.parametrize(
+    ("attention", "values"), [("ops", None), ("kernel", None), ("kernel", "int8")]
+)
+def test_a_float16_kv_graph_has_a_lens(tokenizer, tmp_path, attention, values):
     """``fused-int8``'s graphs keep their KV in float16: the lens feeds buffers of that type,
     and its last layer is the graph's own next-token distribution; with our attention operator
-    (``fused-int8-kernel``) too."""
+    too, and with its values in int8 (``fused-int8-kernel``)."""
     import onnxruntime as ort
 
     from nbresponses.models import kernels
 
     special = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
     model = build_tiny_model("llama3", len(tokenizer), special_ids=special)
-    graph = build_fused_model(model, kv_dtype="float16", attention=attention)
+    graph = build_fused_model(model, kv_dtype="float16", attention=attention, value_dtype=values)
     prepared = prepare_tiny(model, graph, tmp_path / "half", tokenizer, "fused-fp32")
     ids = chat_ids(tokenizer, PROMPTS[0])[:24]
     result = LogitLens(prepared.path, threads=2).run(ids)
@@ -170,7 +172,10 @@ def test_a_float16_kv_graph_has_a_lens(tokenizer, tmp_path, attention):
         str(prepared.onnx_path), options, providers=["CPUExecutionProvider"]
     )
     pasts = {
-        i.name: np.zeros((1, i.shape[1], len(ids), i.shape[3]), np.float16)
+        i.name: np.zeros(
+            (1, i.shape[1], len(ids), i.shape[3]),
+            np.int8 if i.type == "tensor(int8)" else np.float16,
+        )
         for i in session.get_inputs()
         if i.name.startswith("past_key_values")
     }

@@ -20,7 +20,9 @@ from nbresponses.tokens.contract import SamplingParams, Step
 
 VOCAB = 8
 NEXT = 5  # the token every step chooses: never a stop token, so max_tokens ends each request
-LAYOUT = KVLayout(("past.0",), ("present.0",), kv_heads=1, head_dim=1, dtype=np.dtype("float32"))
+LAYOUT = KVLayout.uniform(
+    ("past.0",), ("present.0",), kv_heads=1, head_dim=1, dtype=np.dtype("float32")
+)
 PER_TOKEN = LAYOUT.bytes_per_token  # 4 bytes of KV a token
 
 

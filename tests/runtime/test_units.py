@@ -143,7 +143,9 @@ def test_prefix_cache_longest_match_and_lru():
     assert cache.lookup((1, 2, 9, 7))[0] == 3
 
 
-LAYOUT = KVLayout(("a", "b"), ("pa", "pb"), kv_heads=2, head_dim=4, dtype=np.dtype("float32"))
+LAYOUT = KVLayout.uniform(
+    ("a", "b"), ("pa", "pb"), kv_heads=2, head_dim=4, dtype=np.dtype("float32")
+)
 
 
 class _AppendingRunner:
@@ -259,6 +261,42 @@ def test_end_padded_kv_removal_keeps_every_other_row(seed):
     assert kv.lengths == [rows[j][0].shape[1] for j in order]
     for place, j in enumerate(order):
         np.testing.assert_array_equal(kv.row(place)[1], rows[j][1])
+
+
+def test_keys_and_values_may_differ_in_type_and_width():
+    """fused-int8-kernel's buffers: fp16 keys [kv, T, hd], int8 values [kv, T, hd + 4] (each
+    column's scale after its numbers): the layout takes each as its input declares, counts
+    their bytes, and the batch keeps each buffer's type and width as rows come and go."""
+    from types import SimpleNamespace
+
+    def spec(name: str, width: int, kind: str) -> SimpleNamespace:
+        return SimpleNamespace(name=name, shape=["batch", 2, "past", width], type=kind)
+
+    inputs = [
+        spec("past_key_values.0.key", 8, "tensor(float16)"),
+        spec("past_key_values.0.value", 12, "tensor(int8)"),
+    ]
+    outputs = [SimpleNamespace(name="present.0.key"), SimpleNamespace(name="present.0.value")]
+    session = SimpleNamespace(get_inputs=lambda: inputs, get_outputs=lambda: outputs)
+    layout = KVLayout.from_session(session)
+    assert [(b.width, b.dtype) for b in layout.buffers] == [(8, np.float16), (12, np.int8)]
+    assert layout.bytes_per_token == 2 * 8 * 2 + 2 * 12
+    assert [a.shape for a in layout.empty(3)] == [(3, 2, 0, 8), (3, 2, 0, 12)]
+    rng = np.random.default_rng(1)
+    rows = []
+    for length in (3, 5, 4):
+        keys, values = layout.zeros(length)
+        keys[:] = rng.standard_normal(keys.shape)
+        values[:] = rng.integers(-127, 128, values.shape)
+        rows.append([keys, values])
+    kv = EndPaddedKV(layout)
+    kv.add_rows(rows)
+    assert kv.nbytes == 3 * kv.capacity * layout.bytes_per_token
+    assert kv.remove([0]) == [2, 1]  # the last row moved into the gap
+    for place, j in enumerate([2, 1]):
+        for got, want in zip(kv.row(place), rows[j], strict=True):
+            assert got.dtype == want.dtype
+            np.testing.assert_array_equal(got, want)
 
 
 def test_separate_kv_runs_each_row_alone_unpadded():

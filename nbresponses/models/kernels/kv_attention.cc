@@ -42,6 +42,7 @@
 #include <cstdint>
 #include <cstring>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -130,14 +131,17 @@ inline Vec in_column_order(Vec v) {
 }
 #endif
 
-template <typename T>
+// T: the keys' type (float, or float16's bits), V: the values' (the same, or int8: each column
+// its hd values and then its fp32 scale's 4 bytes)
+template <typename T, typename V>
 struct Job {
   const float* q;
   const T* keys;
-  const T* values;
+  const V* values;
   const int64_t* positions;
   float* out;
   int64_t B, S, heads, kv, W, hd, window, blocks;
+  int64_t vs;  // a value column's elements: hd, or hd + 4 (int8 and its scale)
   float scale, softcap;
   int64_t per_task;  // consecutive work items a task takes (``attend``)
 };
@@ -155,6 +159,20 @@ inline void prefetch(const T* from, const T* to) {
     _mm_prefetch(x, _MM_HINT_T1);
 }
 
+// A value column's weight: p / sum, times the column's scale when the values are int8 (the
+// scale's bytes follow its hd values)
+template <typename V>
+inline float weighted(float w, const V* column, int64_t hd) {
+  if constexpr (std::is_same_v<V, int8_t>) {
+    float scale;
+    std::memcpy(&scale, column + hd, sizeof scale);
+    return w * scale;
+  } else {
+    (void)column, (void)hd;
+    return w;
+  }
+}
+
 // Up to four query heads of one KV head at one position: their scores share each key's loads,
 // their weighted sums each value's (each score and each sum is still its own chain of
 // operations in the order attend() describes, so sharing changes no bit). ``Chunks``: the
@@ -163,13 +181,13 @@ inline void prefetch(const T* from, const T* to) {
 // work item's keys) to prefetch while the weighted sum computes. A 16-row step reads every
 // row's keys and values from memory (92 MB at 250 tokens): read on demand, each phase waited on
 // memory and then computed with it idle (benchmarks/README.md).
-template <typename T, int Chunks, int H>
-void attend_heads(const Job<T>& j, int64_t b, int64_t s, int64_t head0, int64_t begin, int64_t end,
+template <typename T, typename V, int Chunks, int H>
+void attend_heads(const Job<T, V>& j, int64_t b, int64_t s, int64_t head0, int64_t begin, int64_t end,
                   float* scores, float* tail, bool fetch_values, Span ahead) {
   const int64_t h = head0 / (j.heads / j.kv);
   const int64_t full = Chunks ? Chunks * kLanes : j.hd / kLanes * kLanes;
   const T* keys = j.keys + (b * j.kv + h) * j.W * j.hd;
-  const T* values = j.values + (b * j.kv + h) * j.W * j.hd;
+  const V* values = j.values + (b * j.kv + h) * j.W * j.vs;
   const float* q[H];
   float* p[H];
   float top[H], inv[H];
@@ -195,7 +213,7 @@ void attend_heads(const Job<T>& j, int64_t b, int64_t s, int64_t head0, int64_t 
   for (int g = 0; g < H; ++g) tops[g] = broadcast(-INFINITY);
   for (int64_t c0 = begin; c0 < end; c0 += 16) {  // 16 columns' sums reduced together
     const int64_t count = std::min<int64_t>(16, end - c0);
-    if (fetch_values) prefetch(values + c0 * j.hd, values + (c0 + count) * j.hd);
+    if (fetch_values) prefetch(values + c0 * j.vs, values + (c0 + count) * j.vs);
     // four columns at a time: four independent chains of products in flight per head (each
     // column's sum is still its own products in head order); past the last column, the first
     // column's keys are read and their sums dropped
@@ -257,7 +275,7 @@ void attend_heads(const Job<T>& j, int64_t b, int64_t s, int64_t head0, int64_t 
 #else
   for (int g = 0; g < H; ++g) {
     for (int64_t c = begin; c < end; ++c) {
-      if (fetch_values && g == 0) prefetch(values + c * j.hd, values + (c + 1) * j.hd);
+      if (fetch_values && g == 0) prefetch(values + c * j.vs, values + (c + 1) * j.vs);
       const T* k = keys + c * j.hd;
       Vec sum = zero();
       for (int64_t d = 0; d < full; d += kLanes) sum = fma(load(q[g] + d), load(k + d), sum);
@@ -287,12 +305,15 @@ void attend_heads(const Job<T>& j, int64_t b, int64_t s, int64_t head0, int64_t 
     for (int64_t i = 0; i < per_pair && ahead.begin < ahead.end; ++i, ahead.begin += 64)
       _mm_prefetch(ahead.begin, _MM_HINT_T1);
     const bool pair = c + 1 < end;
-    const T* v0 = values + c * j.hd;
-    const T* v1 = pair ? v0 + j.hd : v0;  // w1 = 0: adds exact zeros
+    const V* v0 = values + c * j.vs;
+    const V* v1 = pair ? v0 + j.vs : v0;  // u1 = 0: adds exact zeros
+    float u0[H], u1[H];
     Vec w0[H], w1[H];
     for (int g = 0; g < H; ++g) {
-      w0[g] = broadcast(p[g][c] * inv[g]);
-      w1[g] = broadcast(pair ? p[g][c + 1] * inv[g] : 0.f);
+      u0[g] = weighted(p[g][c] * inv[g], v0, j.hd);
+      u1[g] = pair ? weighted(p[g][c + 1] * inv[g], v1, j.hd) : 0.f;
+      w0[g] = broadcast(u0[g]);
+      w1[g] = broadcast(u1[g]);
     }
     for (int64_t d = 0; d < full; d += kLanes) {
       const Vec x0 = load(v0 + d), x1 = load(v1 + d);
@@ -303,9 +324,9 @@ void attend_heads(const Job<T>& j, int64_t b, int64_t s, int64_t head0, int64_t 
     }
     for (int g = 0; g < H; ++g) {
       float* t = tail + g * rest;
-      for (int64_t d = full; d < j.hd; ++d) t[d - full] += p[g][c] * inv[g] * scalar(v0[d]);
+      for (int64_t d = full; d < j.hd; ++d) t[d - full] += u0[g] * scalar(v0[d]);
       if (pair)
-        for (int64_t d = full; d < j.hd; ++d) t[d - full] += p[g][c + 1] * inv[g] * scalar(v1[d]);
+        for (int64_t d = full; d < j.hd; ++d) t[d - full] += u1[g] * scalar(v1[d]);
     }
   }
   for (int g = 0; g < H; ++g) {
@@ -318,8 +339,8 @@ void attend_heads(const Job<T>& j, int64_t b, int64_t s, int64_t head0, int64_t 
 
 // The columns a token at position s of row b sees: [begin, end) (clamped to the buffer:
 // padding positions)
-template <typename T>
-std::pair<int64_t, int64_t> seen(const Job<T>& j, int64_t b, int64_t s) {
+template <typename T, typename V>
+std::pair<int64_t, int64_t> seen(const Job<T, V>& j, int64_t b, int64_t s) {
   const int64_t end = std::clamp<int64_t>(j.positions[b * j.S + s] + 1, 1, j.W);
   return {j.window > 0 ? std::max<int64_t>(end - j.window, 0) : 0, end};
 }
@@ -327,8 +348,8 @@ std::pair<int64_t, int64_t> seen(const Job<T>& j, int64_t b, int64_t s) {
 // One work item (row, KV head, up to kPositions positions): every query head of the group, four
 // at a time. A token's output is computed from its own query, position and columns only.
 // ``ahead``: the next item's keys, prefetched during this item's last weighted sum.
-template <typename T, int Chunks>
-void attend_item(const Job<T>& j, int64_t index, Span ahead, float* scores, float* tail) {
+template <typename T, typename V, int Chunks>
+void attend_item(const Job<T, V>& j, int64_t index, Span ahead, float* scores, float* tail) {
   const int64_t block = index % j.blocks;
   const int64_t b = index / j.blocks / j.kv;
   const int64_t h = index / j.blocks % j.kv;
@@ -342,10 +363,10 @@ void attend_item(const Job<T>& j, int64_t index, Span ahead, float* scores, floa
       const bool fetch = s == first && g == 0;
       const Span next = s == last && g + 4 >= group ? ahead : Span{};
       switch (std::min<int64_t>(4, group - g)) {
-        case 4: attend_heads<T, Chunks, 4>(j, b, s, head0, begin, end, scores, tail, fetch, next); break;
-        case 3: attend_heads<T, Chunks, 3>(j, b, s, head0, begin, end, scores, tail, fetch, next); break;
-        case 2: attend_heads<T, Chunks, 2>(j, b, s, head0, begin, end, scores, tail, fetch, next); break;
-        default: attend_heads<T, Chunks, 1>(j, b, s, head0, begin, end, scores, tail, fetch, next);
+        case 4: attend_heads<T, V, Chunks, 4>(j, b, s, head0, begin, end, scores, tail, fetch, next); break;
+        case 3: attend_heads<T, V, Chunks, 3>(j, b, s, head0, begin, end, scores, tail, fetch, next); break;
+        case 2: attend_heads<T, V, Chunks, 2>(j, b, s, head0, begin, end, scores, tail, fetch, next); break;
+        default: attend_heads<T, V, Chunks, 1>(j, b, s, head0, begin, end, scores, tail, fetch, next);
       }
     }
   }
@@ -353,9 +374,9 @@ void attend_item(const Job<T>& j, int64_t index, Span ahead, float* scores, floa
 
 // A task: ``per_task`` consecutive work items, each prefetching the next one's keys (a thread
 // that took items one at a time would not know its next).
-template <typename T, int Chunks>
+template <typename T, typename V, int Chunks>
 void attend(void* data, size_t task) {
-  const Job<T> j = *static_cast<const Job<T>*>(data);  // a copy: no aliasing with the outputs
+  const Job<T, V> j = *static_cast<const Job<T, V>*>(data);  // a copy: no aliasing with the outputs
   const int64_t items = j.B * j.kv * j.blocks;
   const int64_t first = static_cast<int64_t>(task) * j.per_task;
   const int64_t last = std::min(items, first + j.per_task) - 1;
@@ -370,7 +391,7 @@ void attend(void* data, size_t task) {
       ahead = {reinterpret_cast<const char*>(keys + begin * j.hd),
                reinterpret_cast<const char*>(keys + end * j.hd)};
     }
-    attend_item<T, Chunks>(j, index, ahead, scores.data(), tail.data());
+    attend_item<T, V, Chunks>(j, index, ahead, scores.data(), tail.data());
   }
 }
 
@@ -442,6 +463,49 @@ void store_column(const float* x, void* to, int64_t offset, int64_t hd, bool hal
   }
 }
 
+constexpr float kInv127 = static_cast<float>(1.0 / 127.0);
+
+// One head's value [hd] into an int8 buffer's column: scale = max |v| / 127 (times 1 / 127, as
+// GroupProduct scales its rows), each value round(v / scale) (half to even) within [-127, 127],
+// then the scale's 4 bytes. A head of zeros: scale 0 and zeros; a head holding an inf or a NaN:
+// scale NaN (every output that weighs the column is NaN, as a NaN stored in a float buffer
+// makes it).
+void store_int8_column(const float* x, int8_t* out, int64_t hd) {
+  const int64_t full = hd / kLanes * kLanes;
+  Vec peaks = zero(), poison = zero();  // poison: x * 0 summed, NaN iff a value is not finite
+  for (int64_t d = 0; d < full; d += kLanes) {
+    const Vec v = load(x + d);
+    peaks = max(abs(v), peaks);
+    poison = add(poison, mul(v, zero()));
+  }
+  alignas(64) float lanes[kLanes], bad[kLanes];
+  store(lanes, peaks);
+  store(bad, poison);
+  float peak = 0.f, nonfinite = 0.f;
+  for (int i = 0; i < kLanes; ++i) {
+    peak = lanes[i] > peak ? lanes[i] : peak;
+    nonfinite += bad[i];
+  }
+  for (int64_t d = full; d < hd; ++d) {
+    const float a = std::fabs(x[d]);
+    peak = a > peak ? a : peak;
+    nonfinite += x[d] * 0.f;
+  }
+  const float scale = nonfinite == 0.f ? peak * kInv127 : NAN;
+  if (!(scale > 0.f)) {
+    std::memset(out, 0, static_cast<size_t>(hd));
+  } else {
+    const Vec scales = broadcast(scale), low = broadcast(-127.f), high = broadcast(127.f);
+    for (int64_t d = 0; d < full; d += kLanes)
+      store_signed_bytes(out + d, round(min(max(div(load(x + d), scales), low), high)));
+    for (int64_t d = full; d < hd; ++d) {
+      const float v = std::min(127.f, std::max(-127.f, x[d] / scale));
+      out[d] = static_cast<int8_t>(std::nearbyint(v));
+    }
+  }
+  std::memcpy(out + hd, &scale, sizeof scale);
+}
+
 // A step's new tokens made ready, one token per work item: its query heads rotated into the
 // output (where the attention reads them, and overwrites each head after reading it), its keys
 // rotated and written with its values at its position of the present buffers.
@@ -460,7 +524,8 @@ struct Tokens {
   const float* k_norm;
   float epsilon;
   int64_t half, S, heads, kv, W, hd;
-  bool fp16;
+  bool fp16;         // the keys (and values, unless int8) as float16
+  bool int8_values;  // the values as int8 columns of hd + 4 bytes (``store_int8_column``)
 };
 
 void prepare_token(void* data, size_t index) {
@@ -496,7 +561,10 @@ void prepare_token(void* data, size_t index) {
     }
     if (cos) rotate(key, rotated, cos, sin, t.half, t.hd);
     store_column(cos ? rotated : key, t.keys, offset, t.hd, t.fp16);
-    store_column(v, t.values, offset, t.hd, t.fp16);
+    if (t.int8_values)
+      store_int8_column(v, static_cast<int8_t*>(t.values) + offset / t.hd * (t.hd + 4), t.hd);
+    else
+      store_column(v, t.values, offset, t.hd, t.fp16);
   }
 }
 
@@ -522,16 +590,16 @@ struct Kernel {
     }
   }
 
-  template <typename T>
-  void run(Ort::KernelContext& ctx, Job<T> job, const void* keys, const void* values) {
+  template <typename T, typename V>
+  void run(Ort::KernelContext& ctx, Job<T, V> job, const void* keys, const void* values) {
     job.keys = static_cast<const T*>(keys);
-    job.values = static_cast<const T*>(values);
+    job.values = static_cast<const V*>(values);
     if (job.S == 0) return;
     // the common head sizes compiled for their exact width; the same operations in any case
-    void (*kernel)(void*, size_t) = attend<T, 0>;
-    if (job.hd == 4 * kLanes) kernel = attend<T, 4>;
-    if (job.hd == 8 * kLanes) kernel = attend<T, 8>;
-    if (job.hd == 16 * kLanes) kernel = attend<T, 16>;
+    void (*kernel)(void*, size_t) = attend<T, V, 0>;
+    if (job.hd == 4 * kLanes) kernel = attend<T, V, 4>;
+    if (job.hd == 8 * kLanes) kernel = attend<T, V, 8>;
+    if (job.hd == 16 * kLanes) kernel = attend<T, V, 16>;
     // a step's items in tasks of consecutive ones, about four a thread (16 rows: 48 items, all
     // alike); a prompt's one at a time (its later blocks of positions see more columns: tasks
     // of several would leave a thread the heaviest at the end)
@@ -551,11 +619,16 @@ struct Kernel {
   // the same memory, else a copy of them) and, when rotated or packed, their queries into
   // ``q_out``; returns the present buffers.
   std::pair<const void*, const void*> write(Ort::KernelContext& ctx, const std::vector<int64_t>& qs,
-                                            const std::vector<int64_t>& ks, float* q_out) {
+                                            const std::vector<int64_t>& ks,
+                                            const std::vector<int64_t>& vs, float* q_out) {
     const auto q = ctx.GetInput(0), past_k = ctx.GetInput(1), past_v = ctx.GetInput(2);
     const bool half =
         past_k.GetTensorTypeAndShapeInfo().GetElementType() == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
-    const size_t bytes = static_cast<size_t>(ks[0] * ks[1] * ks[2] * ks[3]) * (half ? 2 : 4);
+    const bool int8_values =
+        past_v.GetTensorTypeAndShapeInfo().GetElementType() == ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8;
+    const size_t key_bytes = static_cast<size_t>(ks[0] * ks[1] * ks[2] * ks[3]) * (half ? 2 : 4);
+    const size_t value_bytes = int8_values ? static_cast<size_t>(vs[0] * vs[1] * vs[2] * vs[3])
+                                           : key_bytes;
     const int64_t kv = ks[1], hd = ks[3];
     const int64_t* positions = ctx.GetInput(3).GetTensorData<int64_t>();
     Tokens t{};
@@ -566,6 +639,7 @@ struct Kernel {
     t.W = ks[2];
     t.hd = hd;
     t.fp16 = half;
+    t.int8_values = int8_values;
     t.q_out = q_out;
     if (packed_kv > 0) {  // [q heads | k heads | v heads] per token
       t.q = q.GetTensorData<float>();
@@ -616,18 +690,16 @@ struct Kernel {
                           "rotary tables",
                           ORT_INVALID_ARGUMENT);
     void* to[2];
-    for (int which = 0; which < 2; ++which) {
+    for (int which = 0; which < 2; ++which) {  // shapes and types checked by Compute
       const auto past = which == 0 ? past_k : past_v;
-      if (past.GetTensorTypeAndShapeInfo().GetShape() != ks)
-        ORT_CXX_API_THROW("KVAttention: both buffers must be [B, kv_heads, W, head_dim]",
-                          ORT_INVALID_ARGUMENT);
-      auto present = ctx.GetOutput(1 + which, ks);
+      auto present = ctx.GetOutput(1 + which, which == 0 ? ks : vs);
       if (present.GetTensorTypeAndShapeInfo().GetElementType() !=
           past.GetTensorTypeAndShapeInfo().GetElementType())
         ORT_CXX_API_THROW("KVAttention: the present buffers must have the past buffers' type",
                           ORT_INVALID_ARGUMENT);
       to[which] = present.GetTensorMutableRawData();
-      if (to[which] != past.GetTensorRawData()) std::memcpy(to[which], past.GetTensorRawData(), bytes);
+      if (to[which] != past.GetTensorRawData())
+        std::memcpy(to[which], past.GetTensorRawData(), which == 0 ? key_bytes : value_bytes);
     }
     t.keys = to[0];
     t.values = to[1];
@@ -640,7 +712,11 @@ struct Kernel {
     const auto q = ctx.GetInput(0), ids = ctx.GetInput(3);
     const auto k = ctx.GetInput(1), v = ctx.GetInput(2);
     const auto ks = k.GetTensorTypeAndShapeInfo().GetShape();  // [B, kv, W, hd]
+    const auto vs = v.GetTensorTypeAndShapeInfo().GetShape();  // the same, or [B, kv, W, hd + 4]
     auto qs = q.GetTensorTypeAndShapeInfo().GetShape();        // [B, S, (heads [+ 2 kv]) * hd]
+    const auto key_type = k.GetTensorTypeAndShapeInfo().GetElementType();
+    const auto value_type = v.GetTensorTypeAndShapeInfo().GetElementType();
+    const bool int8_values = value_type == ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8;
     const int64_t kv = ks.size() == 4 ? ks[1] : 0, hd = ks.size() == 4 ? ks[3] : 0;
     const int64_t width = packed_kv > 0 ? heads + 2 * packed_kv : heads;
     if (qs.size() != 3 || ks.size() != 4 || ks[0] != qs[0] || kv == 0 || heads % kv != 0 ||
@@ -649,6 +725,15 @@ struct Kernel {
                         "and v packed, [B, S, (heads + 2 * kv_heads) * head_dim]) and the "
                         "buffers [B, kv_heads, W, head_dim] with heads a multiple of kv_heads "
                         "and head_dim at most 512",
+                        ORT_INVALID_ARGUMENT);
+    std::vector<int64_t> want = ks;
+    if (int8_values) want[3] += 4;
+    if ((key_type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT &&
+         key_type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16) ||
+        (!int8_values && value_type != key_type) || vs != want)
+      ORT_CXX_API_THROW("KVAttention: the keys must be float or float16 [B, kv_heads, W, "
+                        "head_dim], the values the same, or int8 [B, kv_heads, W, head_dim + 4] "
+                        "(each column's values, then its float scale's bytes)",
                         ORT_INVALID_ARGUMENT);
     qs[2] = heads * hd;
     auto out = ctx.GetOutput(0, qs);
@@ -661,7 +746,7 @@ struct Kernel {
     const float* queries = packed_kv > 0 || given(ctx, 6) ? out.GetTensorData<float>()
                                                           : q.GetTensorData<float>();
     std::pair<const void*, const void*> buffers = {k.GetTensorRawData(), v.GetTensorRawData()};
-    if (writes) buffers = write(ctx, qs, ks, out.GetTensorMutableData<float>());
+    if (writes) buffers = write(ctx, qs, ks, vs, out.GetTensorMutableData<float>());
     auto fill = [&](auto job) {
       job.q = queries;
       job.positions = ids.GetTensorData<int64_t>();
@@ -672,27 +757,38 @@ struct Kernel {
       job.kv = kv;
       job.W = ks[2];
       job.hd = hd;
+      job.vs = vs[3];
       job.window = window;
       job.blocks = (qs[1] + kPositions - 1) / kPositions;
       job.scale = scale;
       job.softcap = softcap;
       return job;
     };
-    if (k.GetTensorTypeAndShapeInfo().GetElementType() == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16)
-      run(ctx, fill(Job<uint16_t>{}), buffers.first, buffers.second);
+    const bool half = key_type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+    if (half && int8_values)
+      run(ctx, fill(Job<uint16_t, int8_t>{}), buffers.first, buffers.second);
+    else if (half)
+      run(ctx, fill(Job<uint16_t, uint16_t>{}), buffers.first, buffers.second);
+    else if (int8_values)
+      run(ctx, fill(Job<float, int8_t>{}), buffers.first, buffers.second);
     else
-      run(ctx, fill(Job<float>{}), buffers.first, buffers.second);
+      run(ctx, fill(Job<float, float>{}), buffers.first, buffers.second);
   }
 };
 
-struct Op : Ort::CustomOpBase<Op, Kernel> {
+// Two registrations of one kernel: ONNX Runtime gives a custom operator's outputs of undeclared
+// type the type of its first such input, so the present values can differ in type from the
+// keys only where the operator declares them: KVAttentionInt8Values (the values int8).
+template <bool Int8Values>
+struct Op : Ort::CustomOpBase<Op<Int8Values>, Kernel> {
   void* CreateKernel(const OrtApi& api, const OrtKernelInfo* info) const { return new Kernel(api, info); }
-  const char* GetName() const { return "KVAttention"; }
+  const char* GetName() const { return Int8Values ? "KVAttentionInt8Values" : "KVAttention"; }
   const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
   size_t GetInputTypeCount() const { return 10; }
   ONNXTensorElementDataType GetInputType(size_t i) const {
     if (i == 0 || i >= 4) return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
     if (i == 3) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
+    if (i == 2 && Int8Values) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8;
     return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;  // the buffers: float or float16
   }
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
@@ -701,7 +797,9 @@ struct Op : Ort::CustomOpBase<Op, Kernel> {
   }
   size_t GetOutputTypeCount() const { return 3; }
   ONNXTensorElementDataType GetOutputType(size_t i) const {
-    return i == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+    if (i == 0) return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    if (i == 2 && Int8Values) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8;
+    return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
   }
   OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t i) const {
     return i >= 1 ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL
@@ -711,8 +809,12 @@ struct Op : Ort::CustomOpBase<Op, Kernel> {
 
 }  // namespace
 
-// the operator, for register.cc
+// the operators, for register.cc
 const OrtCustomOp* KVAttentionOp() {
-  static const Op op;
+  static const Op<false> op;
+  return &op;
+}
+const OrtCustomOp* KVAttentionInt8ValuesOp() {
+  static const Op<true> op;
   return &op;
 }

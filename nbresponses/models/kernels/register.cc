@@ -4,6 +4,7 @@
 #include <onnxruntime_cxx_api.h>
 
 const OrtCustomOp* KVAttentionOp();
+const OrtCustomOp* KVAttentionInt8ValuesOp();
 const OrtCustomOp* QuantizeRowsOp();
 const OrtCustomOp* OutlierProductOp();
 const OrtCustomOp* GroupProductOp();
@@ -18,7 +19,7 @@ extern "C" OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options,
   OrtCustomOpDomain* domain = nullptr;
   if (OrtStatus* status = api->CreateCustomOpDomain("ai.nbresponses", &domain)) return status;
   for (const OrtCustomOp* op :
-       {KVAttentionOp(), QuantizeRowsOp(), OutlierProductOp(), GroupProductOp(), GatedSiluOp(),
+       {KVAttentionOp(), KVAttentionInt8ValuesOp(), QuantizeRowsOp(), OutlierProductOp(), GroupProductOp(), GatedSiluOp(),
         SkipNormOp()})
     if (OrtStatus* status = api->CustomOpDomain_Add(domain, op)) return status;
   return api->AddCustomOpDomain(options, domain);

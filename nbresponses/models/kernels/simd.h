@@ -15,6 +15,9 @@ inline Vec load(const float* p) { return _mm512_loadu_ps(p); }
 inline Vec load(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
+inline Vec load(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
 inline Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
 inline Vec broadcast(float x) { return _mm512_set1_ps(x); }
@@ -32,6 +35,9 @@ inline Vec zero() { return _mm256_setzero_ps(); }
 inline Vec load(const float* p) { return _mm256_loadu_ps(p); }
 inline Vec load(const uint16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline Vec load(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 inline Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
 inline Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
@@ -73,5 +79,6 @@ inline void store_signed_bytes(int8_t* q, Vec v) {
 
 inline float scalar(float x) { return x; }
 inline float scalar(uint16_t h) { return _cvtsh_ss(h); }
+inline float scalar(int8_t b) { return static_cast<float>(b); }
 
 }  // namespace nbr
