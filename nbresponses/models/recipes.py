@@ -268,9 +268,10 @@ INTEGER_KV = "float16"
 # fused-int8-kernel's value buffers: int8, one fp32 scale per token and KV head (our
 # KVAttentionInt8Values). Probed first (prepare's broad set, bundled model: each value head
 # rounded to int8 and back as written): top-1 97.8% / mean |dlogprob| 0.0422 / KL 0.0024 against
-# fp16's 97.5% / 0.0415 / 0.0024; the keys in int8 lost (97.1% / 0.0533), so they stay fp16. A
-# column 196 bytes a head instead of 256 (bundled model): a 16-row step's attention at 250 keys
-# ~15% faster, and a row's KV 23% smaller (benchmarks/README.md)
+# fp16's 97.5% / 0.0415 / 0.0024; the keys in int8 lost (97.1% / 0.0533), so they stay fp16.
+# Built: 98.1% / 0.0423 / 0.0026. A column 196 bytes a KV head instead of 256 (bundled model): a
+# row's KV 23% smaller, a 16-row step at 250 keys 6% faster (15% on Qwen3-0.6B's shape at 1,000
+# keys; benchmarks/README.md, "fused-int8-kernel's values in int8")
 INTEGER_VALUES = "int8"
 # every fused graph's layout (the engine reads these)
 _FUSED = {"graph": "fused", "kv": "scatter-in-place", "attention": "ops", "logits_to_keep": "input"}
@@ -417,7 +418,7 @@ RECIPES: dict[str, Recipe] = {
 # Runtime's headers, `make kernel-deps`, or a library this machine built already),
 # fused-int8-kernel: on the bundled model 1.4x fused-q8's decode for one request, 2.5x for 16,
 # two thirds of its time to first token (`decode.py`, both in one run, December 2026), and more
-# faithful: top-1 97.5% / mean |dlogprob| 0.0415 against 96.2% / 0.059, every product scaled per
+# faithful: top-1 98.1% / mean |dlogprob| 0.042 against 96.2% / 0.059, every product scaled per
 # 64 channels (benchmarks/README.md, "Every product scaled per 64 channels: GroupProduct").
 # Elsewhere (Binder has no compiler headers; AVX2-only CPUs get 7-bit integer weights) fused-q8
 # stays first.
