@@ -118,6 +118,51 @@ def test_the_product_of_the_groups_as_numpy_computes_it(k, n, group, isa) -> Non
     assert np.abs(got - exact).max() <= 0.05 * np.abs(exact).max()  # a wrong layout: ~100%
 
 
+def test_constant_weights_read_from_their_copy_give_the_inputs_bits() -> None:
+    """A graph's constant weights are read from copies in 2 MB pages, shared by sessions with
+    the same weights: the bits of the same weights fed as inputs (read where they are), and a
+    session keeps its copies while another that shares them is closed."""
+    import gc
+
+    import onnxruntime as ort
+
+    _library(())
+    weight, peaks = _case(1536, 576, seed=3)
+    apart = np.sort(np.argsort(-peaks, kind="stable")[:16])
+    x = _rows(1536, apart)
+    g = fused._IntegerGraph(outliers=16, quantizer="kernel", grouped=("/down",), group=64)
+    out = g.linear("x", weight, name="layers.0/down", peaks=peaks)
+    names = set(g.nodes[0].input[1:])
+    constants = [t for t in g.initializers if t.name in names]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", "k"])]
+    result = [helper.make_tensor_value_info(out, TensorProto.FLOAT, ["b", "s", 576])]
+    first = operator_session(g.nodes, inputs, result, g.initializers)
+    second = operator_session(g.nodes, inputs, result, g.initializers)
+    fed = operator_session(
+        g.nodes,
+        inputs + [helper.make_tensor_value_info(t.name, t.data_type, t.dims) for t in constants],
+        result,
+        [t for t in g.initializers if t.name not in names or t.name == g.nodes[0].input[1]],
+    )
+    feeds = {"x": ort.OrtValue.ortvalue_from_numpy(x)}
+    for t in constants:
+        if t.name == g.nodes[0].input[1]:
+            continue  # the apart channels' indices stay an initializer
+        raw = np.frombuffer(
+            t.raw_data, np.uint16 if t.data_type == TensorProto.BFLOAT16 else np.uint8
+        )
+        feeds[t.name] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
+            raw.reshape(tuple(t.dims)).copy(), t.data_type
+        )
+    (want,) = fed.run_with_ort_values([out], feeds)
+    want = want.numpy()
+    assert np.array_equal(first.run(None, {"x": x})[0].view(np.uint32), want.view(np.uint32))
+    del first
+    gc.collect()
+    for _ in range(2):
+        assert np.array_equal(second.run(None, {"x": x})[0].view(np.uint32), want.view(np.uint32))
+
+
 @pytest.mark.parametrize("k,n,group", SHAPES[:1] + SHAPES[2:3])
 def test_a_row_is_the_same_bits_alone_batched_and_without_vnni(k, n, group) -> None:
     _library(ISAS["avx2"])
