@@ -37,8 +37,8 @@
 // (``Pages``), made when the kernel is created: ONNX Runtime maps each initializer from the
 // weights file in 4 KB pages, one mapping each, and a step that streams every weight then
 // crosses a page, a TLB miss and a restarted hardware prefetch, every 4 KB (bundled model,
-// graph_ab.py, three pairs: one row 7.28-7.54 against 7.48-8.39 ms, 16 rows 17.6-18.5 against
-// 18.0-21.7; benchmarks/README.md). The same bytes: the same bits.
+// graph_ab.py, three pairs: one row 6.18-7.09 against 6.84-7.84 ms, 16 rows level to 6% faster;
+// benchmarks/README.md). The same bytes: the same bits.
 #define ORT_API_MANUAL_INIT
 #include <onnxruntime_cxx_api.h>
 
@@ -386,7 +386,11 @@ class Pages {
   static void let_go(const void* data, size_t bytes) {
     const uintptr_t page = 4096, from = reinterpret_cast<uintptr_t>(data);
     const uintptr_t begin = (from + page - 1) / page * page, end = (from + bytes) / page * page;
+#ifdef MADV_PAGEOUT  // Linux 5.4: older systems keep both
     if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_PAGEOUT);
+#else
+    (void)begin, (void)end;
+#endif
   }
 
   // the size and 64 bytes from each end: copies with the same fingerprint are compared whole
