@@ -21,6 +21,7 @@ from helpers.tiny_archs import ARCHITECTURES, build_tiny_model, prepare_tiny
 from nbresponses.models import architectures, kernels
 from nbresponses.models.fused import build_fused_model, save_model
 from nbresponses.runtime.generator import TokenGenerator
+from nbresponses.runtime.kv import KVBuffer
 from nbresponses.tokens.contract import SamplingParams
 
 # of the largest |logit|: fp32 rounding in another summation order (the bound the fused graph
@@ -36,8 +37,6 @@ KV = {
     "float16": ("float16", None),
     "int8 values": ("float16", "int8"),
 }
-# numpy's type of each buffer type a graph declares
-NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int8)": np.int8}
 
 
 # the operator's code for each instruction set this CPU runs: AVX-512 where it has it, and the
@@ -71,7 +70,7 @@ def _models(name: str, vocab_size: int, kv: str, isa: str = "native"):
 
 def _past(session, rows: int = 1, room: int = ROOM) -> dict[str, np.ndarray]:
     return {
-        i.name: np.zeros((rows, i.shape[1], room, i.shape[3]), NUMPY[i.type])
+        i.name: KVBuffer.of_input(i).zeros(room, rows)
         for i in session.get_inputs()
         if i.name.startswith("past_key_values")
     }

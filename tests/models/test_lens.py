@@ -10,6 +10,7 @@ from helpers.tiny_archs import ARCHITECTURES, build_tiny_model, prepare_tiny
 
 from nbresponses.models.fused import build_fused_model
 from nbresponses.models.lens import LENS_FILE, TOP_K, LensUnsupported, build_lens_graph
+from nbresponses.runtime.kv import KVBuffer
 from nbresponses.runtime.lens import LogitLens
 
 
@@ -172,10 +173,7 @@ def test_a_float16_kv_graph_has_a_lens(tokenizer, tmp_path, attention, values):
         str(prepared.onnx_path), options, providers=["CPUExecutionProvider"]
     )
     pasts = {
-        i.name: np.zeros(
-            (1, i.shape[1], len(ids), i.shape[3]),
-            np.int8 if i.type == "tensor(int8)" else np.float16,
-        )
+        i.name: KVBuffer.of_input(i).zeros(len(ids), 1)
         for i in session.get_inputs()
         if i.name.startswith("past_key_values")
     }
