@@ -9,11 +9,18 @@ saved once with the bundled tokenizer, so a 49,152 vocabulary), then, for each r
   2 GB to the whole kernel);
 - scoring: ``engine.score_many(method="prefill")`` over ``score.py``'s corpus (tokens/s);
 - decode: 64 greedy tokens (``ignore_eos``) at batch 1 (tok/s after the first token) and 16
-  requests at once (aggregate tok/s, p50 time to first token), cold (no prefix cache).
+  requests at once (aggregate tok/s, p50 time to first token), cold (no prefix cache), with the
+  engine's speculation as ``--speculation`` says (each setting in turn, every round).
 
-Random weights give random text: the figures are about speed and memory, not answers.
+Random weights give random text: the figures are about speed and memory, not answers. And a
+random model repeats itself, so prompt-lookup speculation keeps most of its drafts at batch 1
+(the table's "x1 tokens a step": 1 + the drafted tokens kept, per step): there x1 measures
+speculation on degenerate text more than the model's steps, and a real model's answers repeat
+far less (the bundled model's chat answers: ~1.07 tokens a step). ``--speculation off`` gives
+the plain steps' ratio.
 
     python benchmarks/larger.py --shapes qwen3-0.6b --recipes fused-q8 fused-int8
+    python benchmarks/larger.py --recipes fused-int8-kernel --speculation on off
 """
 
 from __future__ import annotations
@@ -138,7 +145,11 @@ def load_child(folder: Path, recipe: str, cache: Path) -> dict[str, float]:
     return {"load_peak_gb": int(done.stdout.split()[-1]) / 2**20}
 
 
-async def measure(folder: Path, recipe: str, cache: Path, rounds: int) -> dict[str, float]:
+async def measure(
+    folder: Path, recipe: str, cache: Path, rounds: int, speculation: list[str]
+) -> dict[str, float]:
+    """Scoring tok/s (``score``), and per speculation setting ``s`` (``on``, ``off``): ``x1 s``,
+    ``x1 tokens a step s``, ``x16 s``, ``ttft16 s``; medians over ``rounds`` after a warm-up."""
     import nbresponses as nbr
     from nbresponses.tokens.contract import SamplingParams
 
@@ -153,32 +164,43 @@ async def measure(folder: Path, recipe: str, cache: Path, rounds: int) -> dict[s
         prefix_cache_bytes=0,
     )
     texts = corpus()
-    out: dict[str, list[float]] = {"score": [], "x1": [], "x16": [], "ttft16": []}
+    out: dict[str, list[float]] = {"score": []}
     generator = engine.generator
     family = engine.client().family
     prompts = [family.encode(t)[:200] for t in texts]
     params = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
 
-    async def one(prompt: list[int]) -> tuple[float, float, int]:
+    async def one(prompt: list[int]) -> tuple[float, float, int, float]:
+        """Time to the first token, decode seconds after it, tokens, tokens a step."""
         start = time.perf_counter()
-        first, count = 0.0, 0
+        first, count, per_step = 0.0, 0, 1.0
         async for step in generator.generate(prompt, params):
             if not first:
                 first = time.perf_counter()
             count += len(step.token_ids)
-        return first - start, time.perf_counter() - first, count
+            if step.stats is not None:  # the last step's: drafted tokens kept
+                steps = step.stats.output_tokens - step.stats.accepted_draft_tokens
+                per_step = step.stats.output_tokens / max(1, steps)
+        return first - start, time.perf_counter() - first, count, per_step
 
     for _ in range(rounds + 1):  # the first round warms up
         start = time.perf_counter()
         scored = [s async for s in engine.score_many(texts, method="prefill", progress=False)]
         tokens = sum(len(s.output[0].content[0].logprobs) for s in scored)
         out["score"].append(tokens / (time.perf_counter() - start))
-        _, decode_s, count = await one(prompts[0])
-        out["x1"].append((count - 1) / decode_s)
-        start = time.perf_counter()
-        results = await asyncio.gather(*(one(prompts[i % len(prompts)]) for i in range(16)))
-        out["x16"].append(sum(r[2] for r in results) / (time.perf_counter() - start))
-        out["ttft16"].append(statistics.median(r[0] for r in results) * 1000)
+        for setting in speculation:
+            generator.speculation = setting == "on"
+            _, decode_s, count, per_step = await one(prompts[0])
+            out.setdefault(f"x1 {setting}", []).append((count - 1) / decode_s)
+            out.setdefault(f"x1 tokens a step {setting}", []).append(per_step)
+            start = time.perf_counter()
+            results = await asyncio.gather(*(one(prompts[i % len(prompts)]) for i in range(16)))
+            out.setdefault(f"x16 {setting}", []).append(
+                sum(r[2] for r in results) / (time.perf_counter() - start)
+            )
+            out.setdefault(f"ttft16 {setting}", []).append(
+                statistics.median(r[0] for r in results) * 1000
+            )
     await engine.aclose()
     return {k: statistics.median(v[1:]) for k, v in out.items()}
 
@@ -189,6 +211,13 @@ def main() -> None:
     parser.add_argument("--recipes", nargs="+", default=["fused-q8", "fused-int8"])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--root", type=Path, default=None, help="where models are built")
+    parser.add_argument(
+        "--speculation",
+        nargs="+",
+        choices=["on", "off"],
+        default=["on"],
+        help="the engine's speculation for the decode figures (each setting in turn)",
+    )
     args = parser.parse_args()
     from nbresponses.models.cache import cache_root
 
@@ -201,20 +230,26 @@ def main() -> None:
                 row = {"shape": shape, "recipe": recipe}
                 row.update(prepare_child(folder, recipe, Path(cache)))
                 row.update(load_child(folder, recipe, Path(cache)))
-                row.update(asyncio.run(measure(folder, recipe, Path(cache), args.rounds)))
+                row.update(
+                    asyncio.run(measure(folder, recipe, Path(cache), args.rounds, args.speculation))
+                )
             print(json.dumps(row), flush=True)
             rows.append(row)
     print(
-        "\n| shape | recipe | prepare | peak RSS | load peak RSS | scoring tok/s | x1 tok/s "
-        "| x16 tok/s | x16 TTFT p50 |\n|---|---|---|---|---|---|---|---|---|"
+        "\n| shape | recipe | prepare | peak RSS | load peak RSS | scoring tok/s | speculation "
+        "| x1 tok/s | x1 tokens a step | x16 tok/s | x16 / x1 | x16 TTFT p50 |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     for r in rows:
-        print(
-            f"| {r['shape']} | {r['recipe']} | {r['prepare_s']:.0f} s | "
-            f"{r['prepare_peak_gb']:.2f} GB | {r['load_peak_gb']:.2f} GB | "
-            f"{r['score']:.0f} | {r['x1']:.1f} | "
-            f"{r['x16']:.1f} | {r['ttft16']:.0f} ms |"
-        )
+        for setting in args.speculation:
+            x1, x16 = r[f"x1 {setting}"], r[f"x16 {setting}"]
+            print(
+                f"| {r['shape']} | {r['recipe']} | {r['prepare_s']:.0f} s | "
+                f"{r['prepare_peak_gb']:.2f} GB | {r['load_peak_gb']:.2f} GB | "
+                f"{r['score']:.0f} | {setting} | {x1:.1f} | "
+                f"{r[f'x1 tokens a step {setting}']:.2f} | {x16:.1f} | {x16 / x1:.2f}x | "
+                f"{r[f'ttft16 {setting}']:.0f} ms |"
+            )
 
 
 if __name__ == "__main__":

@@ -7,9 +7,11 @@ operators, ``OWN_COLUMNS`` where it is our KVAttention, as the scheduler picks i
 script times real steps of the prepared model (in-place KV buffers of ``--keys`` columns a
 row, as a decode step sees them) and prints each step's cost relative to a plain step of the
 same rows, measured and modelled, so the constants can be checked (or re-fitted) on another
-machine or model.
+machine or model: the bundled model prepared with ``--recipe``, or any prepared folder
+(``--folder``, e.g. one of ``larger.py``'s).
 
     python benchmarks/speculation.py [--recipe RECIPE] [--keys 250]
+    python benchmarks/speculation.py --folder ~/.cache/nbresponses/models/NAME
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -64,13 +67,17 @@ def main() -> None:
     parser.add_argument("--recipe", default=AUTO_ORDER[0])
     parser.add_argument("--keys", type=int, default=250)
     parser.add_argument("--reps", type=int, default=9)
+    parser.add_argument("--folder", type=Path, help="a prepared model's folder (not the bundled)")
     args = parser.parse_args()
-    prepared = prepare_model(None, args.recipe, progress=False)
-    runner = OnnxRunner(prepared.onnx_path)
+    if args.folder is not None:
+        runner, name = OnnxRunner(args.folder / "model.onnx"), args.folder.name
+    else:
+        prepared = prepare_model(None, args.recipe, progress=False)
+        runner, name = OnnxRunner(prepared.onnx_path), f"{prepared.name} [{args.recipe}]"
     if not runner.exact_steps:
-        raise SystemExit(f"{args.recipe}: its graph cannot verify drafts (no exact steps)")
+        raise SystemExit(f"{name}: its graph cannot verify drafts (no exact steps)")
     step_ms(runner, 1, args.keys, 1)  # warm-up
-    print(f"{prepared.name} [{args.recipe}], {args.keys} keys a row, medians of {args.reps}")
+    print(f"{name}, {args.keys} keys a row, medians of {args.reps}")
     cost = EVERY_COLUMN if runner.reads_every_column else OWN_COLUMNS  # the scheduler's choice
     print(f"model: {cost.step} + {cost.row} x rows + rows x width\n")
     print("| rows | width | ms | vs width 1, measured | vs width 1, model |")
