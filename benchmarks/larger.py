@@ -13,7 +13,7 @@ saved once with the bundled tokenizer, so a 49,152 vocabulary), then, for each r
   engine's speculation as ``--speculation`` says (each setting in turn, every round).
 
 Random weights give random text: the figures are about speed and memory, not answers. And a
-random model repeats itself, so prompt-lookup speculation keeps most of its drafts at batch 1
+random model repeats itself, so prompt-lookup speculation keeps many of its drafts at batch 1
 (the table's "x1 tokens a step": 1 + the drafted tokens kept, per step): there x1 measures
 speculation on degenerate text more than the model's steps, and a real model's answers repeat
 far less (the bundled model's chat answers: ~1.07 tokens a step). ``--speculation off`` gives
@@ -178,9 +178,10 @@ async def measure(
             if not first:
                 first = time.perf_counter()
             count += len(step.token_ids)
-            if step.stats is not None:  # the last step's: drafted tokens kept
-                steps = step.stats.output_tokens - step.stats.accepted_draft_tokens
-                per_step = step.stats.output_tokens / max(1, steps)
+            if step.stats is not None:  # the last step's; the first token is the prefill's
+                decoded = step.stats.output_tokens - 1
+                steps = decoded - step.stats.accepted_draft_tokens
+                per_step = decoded / max(1, steps)
         return first - start, time.perf_counter() - first, count, per_step
 
     for _ in range(rounds + 1):  # the first round warms up
