@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from nbresponses.models.prepare import prepare_model
+from nbresponses.models.prepared import PreparedModel
 from nbresponses.models.recipes import AUTO_ORDER
 from nbresponses.runtime.kv import EndPaddedKV, KVBuffer
 from nbresponses.runtime.runner import OnnxRunner
@@ -70,10 +71,10 @@ def main() -> None:
     parser.add_argument("--folder", type=Path, help="a prepared model's folder (not the bundled)")
     args = parser.parse_args()
     if args.folder is not None:
-        runner, name = OnnxRunner(args.folder / "model.onnx"), args.folder.name
+        prepared = PreparedModel.open(args.folder)
     else:
         prepared = prepare_model(None, args.recipe, progress=False)
-        runner, name = OnnxRunner(prepared.onnx_path), f"{prepared.name} [{args.recipe}]"
+    runner, name = OnnxRunner(prepared.onnx_path), f"{prepared.name} [{prepared.recipe}]"
     if not runner.exact_steps:
         raise SystemExit(f"{name}: its graph cannot verify drafts (no exact steps)")
     step_ms(runner, 1, args.keys, 1)  # warm-up
