@@ -546,6 +546,17 @@ def test_without_headers_a_library_built_here_still_loads(tmp_path, monkeypatch)
         kernels.library(empty)
 
 
+def test_a_failed_compile_names_its_command_and_the_compilers_words(tmp_path) -> None:
+    """The sources compile at once, one ``g++`` each: one that fails is the error (its command
+    and what the compiler said), and the cache keeps nothing of the build."""
+    with pytest.raises(kernels.KernelsUnavailable, match="-fno-such-option") as failed:
+        kernels.library(tmp_path, flags=("-fno-such-option",))
+    assert "unrecognized command-line option" in str(failed.value)
+    assert " -c " in str(failed.value)  # a source's own command, not the link's
+    assert list((tmp_path / "kernels").iterdir()) == []
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
 def _layer_signature(stored: int, shape: tuple[int, ...], half: int) -> tuple[list, list]:
     """The inputs and outputs of a one-layer graph around KVAttention: the packed projection,
     the buffers (``stored`` type), positions and rotary tables (``half`` wide) in; the
