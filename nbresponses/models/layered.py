@@ -17,8 +17,11 @@ itself, its last layer standing in with the hidden states computed here.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from itertools import islice
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -28,19 +31,46 @@ from nbresponses.models.cpu import physical_cores
 Text = tuple[list[int], Any]
 
 
+T = TypeVar("T")
+R = TypeVar("R")
+
+
 @contextlib.contextmanager
-def torch_threads() -> Iterator[None]:
-    """One thread less than the cores: PyTorch's OpenMP threads wait for each other at every
-    op, and one descheduled thread stalls them all (on 2 busy cores, measured: 300 tokens in
-    1.5-2 s with 1 thread, 10-38 s with 2)."""
+def texts_side_by_side() -> Iterator[ThreadPoolExecutor]:
+    """A worker per physical core, each running its own text with every op on one thread.
+
+    Why not PyTorch's threads: its OpenMP threads wait for each other at every op, and one
+    descheduled thread stalls them all (on 2 busy cores, measured: 300 tokens in 1.5-2 s with 1
+    thread, 10-38 s with 2), so the reference ran on one thread and left the other cores idle.
+    Texts are independent: workers that never wait for each other use every core when the
+    machine is quiet and degrade to a busy machine's share when it is not. One thread an op,
+    as before on 2 cores, so a text's logits do not depend on the worker or its neighbours."""
     import torch
 
     threads = torch.get_num_threads()
-    torch.set_num_threads(max(1, min(threads, physical_cores() - 1)))
+    torch.set_num_threads(1)  # this thread's ops (a layered model's head) and each worker's:
+    pool = ThreadPoolExecutor(  # a new thread starts with OpenMP's default team, all cores
+        physical_cores(), "nbr-reference", initializer=torch.set_num_threads, initargs=(1,)
+    )
     try:
-        yield
-    finally:
+        yield pool
+    finally:  # a consumer that stops early: the texts not started are not run
+        pool.shutdown(wait=True, cancel_futures=True)
         torch.set_num_threads(threads)
+
+
+def _in_order(
+    pool: ThreadPoolExecutor, work: Callable[[T], R], items: Iterable[T], ahead: int
+) -> Iterator[R]:
+    """``work(item)`` for each item on the pool, yielded in order, at most ``ahead`` items
+    started and not yet taken by the consumer (each result is a text's logits: not all of them
+    at once in memory; more than a worker each, so that a long text does not idle the others)."""
+    todo = iter(items)
+    pending: deque[Future[R]] = deque(pool.submit(work, item) for item in islice(todo, ahead))
+    while pending:
+        result = pending.popleft().result()
+        pending.extend(pool.submit(work, item) for item in islice(todo, 1))
+        yield result
 
 
 def forward_all(
@@ -48,30 +78,39 @@ def forward_all(
     texts: Sequence[Text],
     tensors: Mapping[str, Any] | None = None,
     *,
-    fewer_threads: bool = True,
+    side_by_side: bool = True,
 ) -> Iterator[np.ndarray]:
     """fp32 logits [kept positions, vocab] of each text, in order (teacher forcing, no cache).
     ``tensors``: the weights of a skeleton ``model`` (``streamed.SafetensorsWeights``), run
-    layer by layer; None: ``model`` holds its weights and runs whole. Forward hooks on its
-    modules see what they would see in ``model(...)`` (calibration). ``fewer_threads``:
-    ``torch_threads`` (False: PyTorch's own count, as the calibration has always run)."""
+    layer by layer; None: ``model`` holds its weights and runs whole. ``side_by_side``: texts
+    on ``texts_side_by_side``'s workers (False: one after another on PyTorch's own threads, in
+    the order given, as the calibration's forward hooks need)."""
     import torch
 
-    threads = torch_threads() if fewer_threads else contextlib.nullcontext()
-    with threads, torch.no_grad():
+    if not side_by_side:
+        with torch.no_grad():
+            if tensors is None:
+                for ids, keep in texts:
+                    yield _logits(model, ids, keep)
+            else:
+                yield from _layered(model, texts, tensors, None)
+        return
+    with texts_side_by_side() as pool:
         if tensors is None:
-            for ids, keep in texts:
-                yield _logits(model, ids, keep)
+            ahead = 2 * physical_cores()
+            yield from _in_order(pool, lambda text: _logits(model, *text), texts, ahead)
         else:
-            yield from _layered(model, texts, tensors)
+            with torch.no_grad():
+                yield from _layered(model, texts, tensors, pool)
 
 
 def _logits(model: Any, ids: list[int], keep: Any) -> np.ndarray:
     import torch
 
-    out = model(
-        input_ids=torch.tensor([ids], dtype=torch.long), use_cache=False, logits_to_keep=keep
-    )
+    with torch.no_grad():  # per thread: a worker does not inherit its caller's
+        out = model(
+            input_ids=torch.tensor([ids], dtype=torch.long), use_cache=False, logits_to_keep=keep
+        )
     return out.logits[0].float().numpy()
 
 
@@ -79,7 +118,15 @@ class _Captured(Exception):
     """Raised by the last stand-in layer: the arguments are recorded, the head is not needed."""
 
 
-def _layered(model: Any, texts: Sequence[Text], tensors: Mapping[str, Any]) -> Iterator[np.ndarray]:
+def _layered(
+    model: Any,
+    texts: Sequence[Text],
+    tensors: Mapping[str, Any],
+    pool: ThreadPoolExecutor | None,
+) -> Iterator[np.ndarray]:
+    """Every text through each layer in turn (its texts on ``pool``'s workers, if given), then
+    each text's head in ``model(...)`` with the layers standing in (one text at a time: the
+    stand-ins are the layers' own ``forward``)."""
     layers = list(model.model.layers)
     names = {id(m): n for n, m in model.named_modules()}
     prefixes = [names[id(layer)] + "." for layer in layers]
@@ -92,8 +139,16 @@ def _layered(model: Any, texts: Sequence[Text], tensors: Mapping[str, Any]) -> I
         for i, (layer, prefix) in enumerate(zip(layers, prefixes, strict=True)):
             restore = _materialize(model, [k for k in keys if k.startswith(prefix)], tensors)
             try:
-                for t, call in enumerate(calls):
-                    out = layer(hidden[t], *call.args[i], **call.kwargs[i])
+
+                def run(t: int, i: int = i, layer: Any = layer) -> Any:
+                    import torch
+
+                    with torch.no_grad():
+                        return layer(hidden[t], *calls[t].args[i], **calls[t].kwargs[i])
+
+                indices = range(len(calls))  # every text's hidden states are kept anyway
+                outs = pool.map(run, indices) if pool else map(run, indices)
+                for t, out in enumerate(outs):
                     tuples[i] = isinstance(out, tuple)
                     hidden[t] = out[0] if tuples[i] else out
             finally:

@@ -149,7 +149,7 @@ def activation_peaks(
         texts = [(reference_spans(tokenizer, sample)[0], 0) for sample in samples]
         # every position's logits, as model(ids); PyTorch's own threads: the peaks (and so the
         # graph) as prepares before streaming computed them
-        for _ in forward_all(model, texts, tensors, fewer_threads=False):
+        for _ in forward_all(model, texts, tensors, side_by_side=False):
             pass
     finally:
         for handle in handles:

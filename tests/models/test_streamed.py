@@ -7,6 +7,8 @@ Checked against ``from_pretrained(dtype=torch.float32)`` (the path GGUF files st
 every architecture the fused builder covers: the layered logits and calibration peaks bit for
 bit, the model files byte for byte, for fp32, ``fused-q8`` and ``fused-int8`` graphs; bf16
 checkpoints widened as ``from_pretrained`` widens them; folders that cannot stream loaded whole.
+The reference's texts side by side (a worker per core): each text's logits bit for bit those
+of the text alone, in order, the cores busy, nothing left running.
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ from __future__ import annotations
 import filecmp
 import functools
 import json
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 from helpers.tiny_archs import ARCHITECTURES, save_tiny_model
 
-from nbresponses.models import source_model, streamed
+from nbresponses.models import layered, source_model, streamed
 from nbresponses.models.fused import build_fused_model, save_model
 from nbresponses.models.layered import forward_all
 from nbresponses.models.prepare import prepare_model
@@ -74,6 +77,72 @@ def _files(model, folder: Path, **kwargs) -> Path:
 def _same_files(a: Path, b: Path) -> bool:
     names = ("model.onnx", "model.onnx.data")
     return all(filecmp.cmp(a / n, b / n, shallow=False) for n in names)
+
+
+def _alone(model, texts, tensors=None) -> list[np.ndarray]:
+    """Each text's logits computed by itself, one after another, every op on one thread."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return [next(forward_all(model, [t], tensors, side_by_side=False)) for t in texts]
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_texts_side_by_side_are_the_texts_alone(archs_root, tokenizer_dir, monkeypatch):
+    """The reference's texts on two workers (whole and layer by layer): each text's logits
+    bit for bit its logits alone, in the order given; both workers ran texts; PyTorch's
+    thread count is given back."""
+    import torch
+
+    monkeypatch.setattr(layered, "physical_cores", lambda: 2)
+    whole, (skeleton, tensors) = _both(_folder("qwen3", archs_root, tokenizer_dir))
+    texts = _texts(whole.config.vocab_size) * 2  # 8 texts: more than the workers hold at once
+    expected = _alone(whole, texts)
+    callers: set[str] = set()
+    original = whole.model.forward
+
+    def forward(*args, **kwargs):
+        callers.add(threading.current_thread().name)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(whole.model, "forward", forward)
+    threads = torch.get_num_threads()
+    got = list(forward_all(whole, texts))
+    assert torch.get_num_threads() == threads
+    assert len(got) == len(expected)
+    assert all(np.array_equal(a, b) for a, b in zip(expected, got, strict=True))
+    assert len({c for c in callers if c.startswith("nbr-reference")}) == 2, callers
+    layers = list(forward_all(skeleton, texts, tensors))
+    assert all(np.array_equal(a, b) for a, b in zip(expected, layers, strict=True))
+    assert torch.get_num_threads() == threads
+
+
+def test_a_reference_stopped_early_runs_no_more_texts(archs_root, tokenizer_dir, monkeypatch):
+    """A consumer that takes two texts of twelve and lets go: the texts not yet started never
+    run, the workers are gone, PyTorch's thread count is given back."""
+    import torch
+
+    monkeypatch.setattr(layered, "physical_cores", lambda: 2)
+    whole, _ = _both(_folder("qwen3", archs_root, tokenizer_dir))
+    texts = _texts(whole.config.vocab_size) * 3
+    runs: list[int] = []
+    original = whole.model.forward
+
+    def forward(*args, **kwargs):
+        runs.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(whole.model, "forward", forward)
+    threads = torch.get_num_threads()
+    logits = forward_all(whole, texts)
+    next(logits), next(logits)
+    logits.close()
+    assert 2 <= len(runs) <= 2 + 2 * 2  # taken, and at most the window started ahead
+    assert not [t for t in threading.enumerate() if t.name.startswith("nbr-reference")]
+    assert torch.get_num_threads() == threads
 
 
 @pytest.mark.slow
