@@ -63,8 +63,8 @@ def _in_order(
     pool: ThreadPoolExecutor, work: Callable[[T], R], items: Iterable[T], ahead: int
 ) -> Iterator[R]:
     """``work(item)`` for each item on the pool, yielded in order, at most ``ahead`` items
-    started and not yet taken by the consumer (each result is a text's logits: not all of them
-    at once in memory; more than a worker each, so that a long text does not idle the others)."""
+    started and not yet taken by the consumer (results are not all held at once; more than a
+    worker each, so that a long text does not idle the others)."""
     todo = iter(items)
     pending: deque[Future[R]] = deque(pool.submit(work, item) for item in islice(todo, ahead))
     while pending:
@@ -97,7 +97,9 @@ def forward_all(
         return
     with texts_side_by_side() as pool:
         if tensors is None:
-            ahead = 2 * physical_cores()
+            # texts started and not yet taken: a worker's each and two more, whatever the core
+            # count (each is a text's logits, [kept positions, vocab]: tens of MB at 150k words)
+            ahead = physical_cores() + 2
             yield from _in_order(pool, lambda text: _logits(model, *text), texts, ahead)
         else:
             with torch.no_grad():

@@ -140,7 +140,7 @@ def test_a_reference_stopped_early_runs_no_more_texts(archs_root, tokenizer_dir,
     logits = forward_all(whole, texts)
     next(logits), next(logits)
     logits.close()
-    assert 2 <= len(runs) <= 2 + 2 * 2  # taken, and at most the window started ahead
+    assert 2 <= len(runs) <= 2 + (2 + 2)  # the two taken, and at most the window started ahead
     assert not [t for t in threading.enumerate() if t.name.startswith("nbr-reference")]
     assert torch.get_num_threads() == threads
 
