@@ -172,7 +172,9 @@ def test_a_row_is_the_same_bits_alone_batched_and_without_vnni(k, n, group) -> N
     x = _rows(k, apart, shape=(3, 130), seed=3).reshape(1, 390, k)
     native = _session(weight, peaks, group)
     whole = native.run(None, {"x": x})[0]
-    for start, stop in ((0, 1), (5, 6), (64, 70), (261, 262), (0, 48), (40, 110), (260, 390)):
+    prompts = ((0, 1), (5, 6), (64, 70), (261, 262), (0, 48), (40, 110), (260, 390))
+    steps = ((100, 108), (200, 212), (300, 316))  # 2-4 row tiles: the next tile's prefetch shared
+    for start, stop in (*prompts, *steps):
         part = native.run(None, {"x": x[:, start:stop]})[0]
         assert np.array_equal(part, whole[:, start:stop])
     plain = _session(weight, peaks, group, ISAS["avx2"]).run(None, {"x": x})[0]
