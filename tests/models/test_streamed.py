@@ -93,8 +93,8 @@ def _alone(model, texts, tensors=None) -> list[np.ndarray]:
 
 def test_texts_side_by_side_are_the_texts_alone(archs_root, tokenizer_dir, monkeypatch):
     """The reference's texts on two workers (whole and layer by layer): each text's logits
-    bit for bit its logits alone, in the order given; both workers ran texts; PyTorch's
-    thread count is given back."""
+    bit for bit its logits alone, in the order given; two texts run at once (the first waits
+    until the second has begun); PyTorch's thread count is given back."""
     import torch
 
     monkeypatch.setattr(layered, "physical_cores", lambda: 2)
@@ -102,19 +102,26 @@ def test_texts_side_by_side_are_the_texts_alone(archs_root, tokenizer_dir, monke
     texts = _texts(whole.config.vocab_size) * 2  # 8 texts: more than the workers hold at once
     expected = _alone(whole, texts)
     callers: set[str] = set()
+    calls, second, waited = iter(range(len(texts))), threading.Event(), []
     original = whole.model.forward
 
     def forward(*args, **kwargs):
         callers.add(threading.current_thread().name)
+        call = next(calls)
+        if call == 1:
+            second.set()
+        elif call == 0:  # one worker alone would wait here the whole timeout
+            waited.append(second.wait(timeout=30))
         return original(*args, **kwargs)
 
     monkeypatch.setattr(whole.model, "forward", forward)
     threads = torch.get_num_threads()
     got = list(forward_all(whole, texts))
+    assert waited == [True]
     assert torch.get_num_threads() == threads
     assert len(got) == len(expected)
     assert all(np.array_equal(a, b) for a, b in zip(expected, got, strict=True))
-    assert len({c for c in callers if c.startswith("nbr-reference")}) == 2, callers
+    assert callers == {"nbr-reference_0", "nbr-reference_1"}, callers
     layers = list(forward_all(skeleton, texts, tensors))
     assert all(np.array_equal(a, b) for a, b in zip(expected, layers, strict=True))
     assert torch.get_num_threads() == threads
