@@ -17,6 +17,7 @@ itself, its last layer standing in with the hidden states computed here.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -84,26 +85,24 @@ def forward_all(
     ``tensors``: the weights of a skeleton ``model`` (``streamed.SafetensorsWeights``), run
     layer by layer; None: ``model`` holds its weights and runs whole. ``side_by_side``: texts
     on ``texts_side_by_side``'s workers (False: one after another on PyTorch's own threads, in
-    the order given, as the calibration's forward hooks need)."""
-    import torch
-
+    the order given, as the calibration's forward hooks need). Every forward pass runs under
+    ``torch.no_grad`` where it runs (``_logits``, ``_layered``): the mode is per thread."""
     if not side_by_side:
-        with torch.no_grad():
-            if tensors is None:
-                for ids, keep in texts:
-                    yield _logits(model, ids, keep)
-            else:
-                yield from _layered(model, texts, tensors, None)
+        if tensors is None:
+            for ids, keep in texts:
+                yield _logits(model, ids, keep)
+        else:
+            yield from _layered(model, texts, tensors, None)
         return
     with texts_side_by_side() as pool:
         if tensors is None:
             # texts started and not yet taken: a worker's each and two more, whatever the core
-            # count (each is a text's logits, [kept positions, vocab]: tens of MB at 150k words)
+            # count (each is a text's logits, [kept positions, vocab]: 0.6 MB a position at
+            # 150k words)
             ahead = physical_cores() + 2
             yield from _in_order(pool, lambda text: _logits(model, *text), texts, ahead)
         else:
-            with torch.no_grad():
-                yield from _layered(model, texts, tensors, pool)
+            yield from _layered(model, texts, tensors, pool)
 
 
 def _logits(model: Any, ids: list[int], keep: Any) -> np.ndarray:
@@ -129,6 +128,8 @@ def _layered(
     """Every text through each layer in turn (its texts on ``pool``'s workers, if given), then
     each text's head in ``model(...)`` with the layers standing in (one text at a time: the
     stand-ins are the layers' own ``forward``)."""
+    import torch
+
     layers = list(model.model.layers)
     names = {id(m): n for n, m in model.named_modules()}
     prefixes = [names[id(layer)] + "." for layer in layers]
@@ -138,19 +139,17 @@ def _layered(
     try:
         hidden, calls = _record(model, layers, texts)
         tuples = [False] * len(layers)
-        for i, (layer, prefix) in enumerate(zip(layers, prefixes, strict=True)):
+
+        def through(i: int, t: int) -> Any:
+            """Text ``t`` through layer ``i``."""
+            with torch.no_grad():
+                return layers[i](hidden[t], *calls[t].args[i], **calls[t].kwargs[i])
+
+        apply = pool.map if pool else map  # every text's hidden states are kept anyway
+        for i, prefix in enumerate(prefixes):
             restore = _materialize(model, [k for k in keys if k.startswith(prefix)], tensors)
             try:
-
-                def run(t: int, i: int = i, layer: Any = layer) -> Any:
-                    import torch
-
-                    with torch.no_grad():
-                        return layer(hidden[t], *calls[t].args[i], **calls[t].kwargs[i])
-
-                indices = range(len(calls))  # every text's hidden states are kept anyway
-                outs = pool.map(run, indices) if pool else map(run, indices)
-                for t, out in enumerate(outs):
+                for t, out in enumerate(apply(functools.partial(through, i), range(len(calls)))):
                     tuples[i] = isinstance(out, tuple)
                     hidden[t] = out[0] if tuples[i] else out
             finally:
