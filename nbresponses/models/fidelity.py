@@ -221,6 +221,101 @@ def greedy_continuation(
     return out
 
 
+# KV bytes the rows decoded together may hold: a 0.6B model's 14 samples in one run held 280 MB
+# more than one at a time (prepare's peak RSS 1.50 -> 1.68 GB); rows of like lengths share runs
+ROWS_KV_BYTES = 64 << 20
+
+
+def greedy_continuations(
+    session: Any, prompts: list[list[int]], max_new: int, stop_ids: set[int]
+) -> list[list[int]]:
+    """Each prompt's ``greedy_continuation``, the same tokens. Graphs that write the KV in
+    place (``SCATTER_IN_PLACE``, the fused ones) decode prompts of like lengths together, as
+    the rows of one run (at most ``ROWS_KV_BYTES`` of KV a run): a batch-1 step streams every
+    weight for one token, so one sample at a time took most of a 0.6B prepare's candidate
+    time (benchmarks/README.md). Their rows are the bits each gets alone
+    (docs/concepts/determinism.md: the engine batches requests the same way, a prompt's
+    prefill alone, then one step for every row); other graphs go one at a time."""
+    layout = session.get_modelmeta().custom_metadata_map.get(KV_LAYOUT)
+    if layout != SCATTER_IN_PLACE or max_new < 1:
+        return [greedy_continuation(session, ids, max_new, stop_ids) for ids in prompts]
+    column = 0  # bytes of one KV column of one row, every layer's
+    for spec in session.get_inputs():
+        if spec.name.startswith("past_key_values"):
+            size = {"tensor(float16)": 2, "tensor(int8)": 1}.get(spec.type, 4)
+            column += spec.shape[1] * spec.shape[3] * size
+    groups: list[list[int]] = [[]]
+    for i in sorted(range(len(prompts)), key=lambda i: len(prompts[i])):
+        group = groups[-1]  # sorted: a group's widest row is the one joining it
+        if group and (len(group) + 1) * (len(prompts[i]) + max_new) * column > ROWS_KV_BYTES:
+            groups.append(group := [])
+        group.append(i)
+    out: list[list[int]] = [[] for _ in prompts]
+    for group in filter(None, groups):
+        rows = _rows(session, [prompts[i] for i in group], max_new, stop_ids)
+        for i, tokens in zip(group, rows, strict=True):
+            out[i] = tokens
+    return out
+
+
+def _rows(
+    session: Any, prompts: list[list[int]], max_new: int, stop_ids: set[int]
+) -> list[list[int]]:
+    """``greedy_continuations`` of ``prompts`` as the rows of one run (in-place KV graphs)."""
+    from onnxruntime import OrtValue
+
+    pasts = [i.name for i in session.get_inputs() if i.name.startswith("past_key_values")]
+    presents = [name.replace("past_key_values.", "present.") for name in pasts]
+    width = max(map(len, prompts)) + max_new  # every row's prompt and continuation fit
+    buffers: list[np.ndarray] = []
+    firsts: list[int] = []
+    vocab = 0
+    for row, ids in enumerate(prompts):  # each prompt alone, its KV then copied into its row
+        feeds = _feeds(session, ids, room=0)
+        feeds[LOGITS_TO_KEEP] = np.ones(1, np.int64)  # the last position's logits only
+        logits, *kv = session.run(["logits", *presents], feeds)
+        firsts.append(int(np.argmax(logits[0, -1])))
+        vocab = logits.shape[-1]
+        if not buffers:
+            buffers = [
+                np.zeros((len(prompts), *a.shape[1:2], width, a.shape[3]), a.dtype) for a in kv
+            ]
+        for buffer, a in zip(buffers, kv, strict=True):
+            buffer[row, :, : len(ids)] = a[0]
+        del kv
+    binding = session.io_binding()
+    values = [OrtValue.ortvalue_from_numpy(b) for b in buffers]  # written in place each step
+    for past, present, value in zip(pasts, presents, values, strict=True):
+        binding.bind_ortvalue_input(past, value)
+        binding.bind_ortvalue_output(present, value)
+    logits = np.empty((len(prompts), 1, vocab), np.float32)
+    binding.bind_ortvalue_output("logits", OrtValue.ortvalue_from_numpy(logits))
+    out = [[token] for token in firsts]
+    lengths = np.array([len(ids) for ids in prompts], np.int64)
+    keep = np.ones(1, np.int64)
+    while True:
+        going = [
+            i
+            for i, tokens in enumerate(out)
+            if len(tokens) < max_new and tokens[-1] not in stop_ids
+        ]
+        if not going:
+            return out
+        # every row steps (a finished one too: its row is its own, and dropping it would
+        # move the others' buffers), only the unfinished take their token
+        last = np.array([[tokens[-1]] for tokens in out], np.int64)
+        positions = (lengths + np.array([len(t) for t in out]) - 1)[:, None]
+        for name, value in (
+            ("input_ids", last),
+            ("position_ids", positions),
+            (LOGITS_TO_KEEP, keep),
+        ):
+            binding.bind_cpu_input(name, value)
+        session.run_with_iobinding(binding)
+        for i in going:
+            out[i].append(int(np.argmax(logits[i, -1])))
+
+
 def _stop_ids(tokenizer: Any) -> set[int]:
     eos = getattr(tokenizer, "eos_token_id", None)
     return {int(eos)} if eos is not None else set()
@@ -274,9 +369,12 @@ def measure_fidelity(
         scored["reference"].append(
             (ids, np.concatenate([np.arange(s - 1, e - 1) for s, e in spans]))
         )
-    for sample in samples:
-        prompt = render_ids(tokenizer, [dict(m) for m in sample.messages[:-1]], prompt=True)
-        new = greedy_continuation(cand, prompt, greedy_tokens, _stop_ids(tokenizer))
+    prompts = [
+        render_ids(tokenizer, [dict(m) for m in sample.messages[:-1]], prompt=True)
+        for sample in samples
+    ]
+    continuations = greedy_continuations(cand, prompts, greedy_tokens, _stop_ids(tokenizer))
+    for prompt, new in zip(prompts, continuations, strict=True):
         scored["greedy"].append(
             (prompt + new, np.arange(len(prompt) - 1, len(prompt) + len(new) - 1))
         )

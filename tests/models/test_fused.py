@@ -119,6 +119,37 @@ def test_kept_positions_are_the_bits_of_every_position(request, model) -> None:
     np.testing.assert_array_equal(both[0], every[-6:])
 
 
+@pytest.mark.parametrize("budget", ["default", "a row a run"])
+@pytest.mark.parametrize("model", ["tiny_fused", "bundled_model"])
+def test_prepares_greedy_continuations_together_are_each_alone(
+    request, model, budget, prompts, monkeypatch
+) -> None:
+    """Prepare's fidelity decodes its samples' greedy continuations as the rows of one run:
+    each row's tokens are those of the prompt decoded alone (one row at a time, a cache grown
+    step by step), with prompts of different lengths, a row that stops early (a stop token
+    met) while the others go on, and rows grouped by length under a KV budget."""
+    import onnxruntime as ort
+
+    from nbresponses.models import fidelity, kernels
+    from nbresponses.models.graph_contract import KV_LAYOUT, SCATTER_IN_PLACE
+
+    path = request.getfixturevalue(model).onnx_path
+    options = kernels.for_model(ort.SessionOptions(), path)  # the default recipe's operators
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    assert session.get_modelmeta().custom_metadata_map[KV_LAYOUT] == SCATTER_IN_PLACE
+    alone = [fidelity.greedy_continuation(session, ids, 12, set()) for ids in prompts]
+    stop = {alone[0][3]}  # the first prompt's fourth token ends it there (or before)
+    alone = [fidelity.greedy_continuation(session, ids, 12, stop) for ids in prompts]
+    assert len({len(ids) for ids in prompts}) > 1 and len(alone[0]) <= 4
+    assert any(len(tokens) == 12 for tokens in alone)
+    if budget != "default":
+        monkeypatch.setattr(fidelity, "ROWS_KV_BYTES", 1)
+    runs, rows = [], fidelity._rows
+    monkeypatch.setattr(fidelity, "_rows", lambda s, p, *a: runs.append(len(p)) or rows(s, p, *a))
+    assert fidelity.greedy_continuations(session, prompts, 12, stop) == alone
+    assert runs == ([len(prompts)] if budget == "default" else [1] * len(prompts))
+
+
 def test_the_engine_asks_for_the_last_position_only(tiny_fused, tiny_model) -> None:
     from nbresponses.runtime.runner import OnnxRunner
 
