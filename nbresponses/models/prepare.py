@@ -32,6 +32,7 @@ from nbresponses.models.export import (
 from nbresponses.models.fidelity import measure_fidelity
 from nbresponses.models.fused import UnsupportedArchitecture
 from nbresponses.models.gguf_once import parsed_once
+from nbresponses.models.heap import trim_heap
 from nbresponses.models.kernels import KernelsUnavailable
 from nbresponses.models.prepared import PreparedModel
 from nbresponses.models.progress import Stages, quiet_library_bars
@@ -232,6 +233,7 @@ def _prepare_recipe(
                         shutil.copy2(item, tmp / item.name)
             else:
                 weights.write_files(tmp)
+        trim_heap()  # the build's freed pieces (its worker threads' heaps too), before the runs
         with stages.stage(f"evaluate {recipe_name}"):
             start = time.perf_counter()
             if recipe.needs_export:

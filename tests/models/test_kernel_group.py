@@ -258,3 +258,22 @@ def test_a_width_the_groups_do_not_divide_stays_in_8_bit_blocks() -> None:
     weight, peaks = _case(96, 32)
     g.linear("x", weight, name="layers.0/down", peaks=peaks)
     assert [node.op_type for node in g.nodes] == ["MatMulNBits"]
+
+
+@pytest.mark.parametrize("piece_bytes", [64 * 16 * 4, 3 * 64 * 16 * 4 * 5])
+def test_the_weights_quantized_in_pieces_are_the_weights_in_one(piece_bytes, monkeypatch) -> None:
+    """The builder quantizes a weight in pieces (``fused.PIECE_BYTES``, over the cores): cut
+    into one group by one vector of columns, or into pieces straddling both, the graph's
+    weights are the bytes of one piece (whose product the test above checks against numpy);
+    the apart channels in several pieces, a width that leaves a padded vector."""
+
+    def weights(piece: int) -> list[bytes]:
+        monkeypatch.setattr(fused, "PIECE_BYTES", piece)
+        g = fused._IntegerGraph(outliers=16, quantizer="kernel", grouped=("/down",), group=64)
+        g.linear("x", weight, name="layers.0/down", peaks=peaks)
+        return [t.SerializeToString() for t in g.initializers]
+
+    weight, peaks = _case(640, 200)
+    peaks[[0, 63, 64, 300, 639]] = 10  # apart channels at the pieces' edges
+    whole = weights(1 << 40)
+    assert weights(piece_bytes) == whole
