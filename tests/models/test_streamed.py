@@ -181,6 +181,39 @@ def test_streamed_equals_loaded_whole(name, archs_root, tokenizer_dir, tokenizer
         assert _same_files(a, b), label
 
 
+def test_calibration_peaks_the_lm_heads_input_without_its_product(
+    archs_root, tokenizer_dir, tokenizer, monkeypatch
+):
+    """The LM head's peaks are max |x| of its input, the final norm's output, which the model's
+    own hidden states give independently (``output_hidden_states``); its product never runs,
+    and the model is left as it was (the next forward computes every logit)."""
+    import torch
+
+    from nbresponses.models.fidelity_set import reference_spans
+    from nbresponses.models.smoothing import CALIBRATION_SET
+
+    folder = _folder("qwen3", archs_root, tokenizer_dir)
+    whole, _ = _both(folder)
+    head = type(whole.lm_head)
+    calls = []
+    original = head.forward
+    monkeypatch.setattr(  # nn.Linear's: every projection's, the head's counted
+        head,
+        "forward",
+        lambda self, x: (self is whole.lm_head and calls.append(1)) or original(self, x),
+    )
+    peaks = activation_peaks(whole, tokenizer)
+    assert calls == []
+    want = np.zeros(whole.config.hidden_size, np.float32)
+    with torch.no_grad():
+        for sample in CALIBRATION_SET:
+            ids = torch.tensor([reference_spans(tokenizer, sample)[0]])
+            final = whole(input_ids=ids, output_hidden_states=True).hidden_states[-1]
+            want = np.maximum(want, final[0].abs().amax(dim=0).numpy())
+    assert len(calls) == len(CALIBRATION_SET)  # the head is the model's own again
+    assert np.array_equal(peaks["lm_head"], want)
+
+
 @pytest.mark.slow
 def test_bf16_checkpoints_widen_as_from_pretrained(tmp_path, tokenizer_dir) -> None:
     """A bf16 (or fp16) checkpoint: the same fp32 values as ``from_pretrained(dtype=float32)``
