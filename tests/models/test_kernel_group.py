@@ -260,12 +260,15 @@ def test_a_width_the_groups_do_not_divide_stays_in_8_bit_blocks() -> None:
     assert [node.op_type for node in g.nodes] == ["MatMulNBits"]
 
 
-@pytest.mark.parametrize("piece_bytes", [64 * 16 * 4, 3 * 64 * 16 * 4 * 5])
+# a group (64 channels) by 16 columns in fp32 is 4,096 bytes; the weight below is 10 groups
+# by 13 vectors of 16 columns (200 padded to 208)
+@pytest.mark.parametrize("piece_bytes", [4096, 5 * 4096, 3 * 13 * 4096])
 def test_the_weights_quantized_in_pieces_are_the_weights_in_one(piece_bytes, monkeypatch) -> None:
     """The builder quantizes a weight in pieces (``fused.PIECE_BYTES``, over the cores): cut
-    into one group by one vector of columns, or into pieces straddling both, the graph's
-    weights are the bytes of one piece (whose product the test above checks against numpy);
-    the apart channels in several pieces, a width that leaves a padded vector."""
+    into one group by one vector of columns, one group by five vectors (a short last piece)
+    or three groups by every vector (a short last piece), the graph's weights are the bytes of
+    one piece (whose product the tests above check against numpy); the apart channels in
+    several pieces, at their edges, and a padded last vector."""
 
     def weights(piece: int) -> list[bytes]:
         monkeypatch.setattr(fused, "PIECE_BYTES", piece)
