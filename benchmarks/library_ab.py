@@ -10,12 +10,13 @@ is built exactly as the package builds its library. Each build runs in a process
 process a build a round, the builds in turn, so that the machine's drift reaches all alike.
 
 With ``--operator attention`` each build is timed instead on the graph's attention operator
-alone (``KVAttention`` or ``KVAttentionInt8Values``, its heads, head size, scale and buffer types
-read from the prepared graph; the keys and values as given, random): a 256-token prompt, a
-114-token run after 256 (a 370-token document's second run), a 16-row step at 250 keys and two
-rows of a 5-token step, medians in ms; and a digest of every output, of those and of cases with
-a softcap, a window, 7 query heads to a KV head, odd head sizes and padding positions, so that a
-variant meant to change no bit shows it (the same digest as the package's).
+alone (``KVAttention`` or ``KVAttentionInt8Values`` with the prepared graph's heads, head size,
+scale, softcap, window and buffer types; the keys and values as given, random): a 256-token
+prompt, a 114-token run after 256 (a 370-token document's second run), a 16-row step at 250
+keys and two rows of a 5-token step, medians in ms; and a digest of every output, of those and
+of cases with a softcap, a window, 7 query heads to a KV head, odd head sizes and padding
+positions, so that a variant meant to change no bit shows it (the same digest as the
+package's).
 
     python benchmarks/library_ab.py VARIANT_DIR [...] [--rounds 4] [--recipe fused-int8-kernel]
     python benchmarks/library_ab.py VARIANT_DIR --operator attention
@@ -33,6 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from nbresponses.models import kernels
 from nbresponses.models.prepare import prepare_model
@@ -87,7 +89,7 @@ def main() -> None:
         libraries = {"package": kernels.library()}
         for variant in args.variants:
             libraries[variant.name] = build(variant.resolve(), Path(tmp))
-        figures: dict[str, list[dict[str, float]]] = {name: [] for name in libraries}
+        figures: dict[str, list[dict[str, Any]]] = {name: [] for name in libraries}
         for number in range(1, args.rounds + 1):
             for name, library in libraries.items():
                 command = [sys.executable, __file__, "--child", str(library), model, args.operator]
@@ -130,7 +132,7 @@ def attention_figures(model: str) -> dict[str, float | str]:
     hd = keys.shape.dim[3].dim_value
     int8 = values.elem_type == TensorProto.INT8
 
-    def session(heads: int, kv: int, hd: int, softcap: float = 0.0, window: int = 0):
+    def session(heads: int, kv: int, hd: int, softcap: float, window: int, scale: float):
         info = helper.make_tensor_value_info
         inputs = [
             info("q", TensorProto.FLOAT, ["B", "S", heads * hd]),
@@ -144,7 +146,7 @@ def attention_figures(model: str) -> dict[str, float | str]:
             ["out"],
             domain=kernels.DOMAIN,
             heads=heads,
-            scale=hd**-0.5,
+            scale=scale,
             softcap=softcap,
             window=window,
         )
@@ -161,11 +163,12 @@ def attention_figures(model: str) -> dict[str, float | str]:
 
     def feeds(heads: int, kv: int, hd: int, B: int, S: int, W: int, start: int):
         stored = helper.tensor_dtype_to_np_dtype(keys.elem_type)
-        v = rng.standard_normal((B, kv, W, hd)).astype(stored)
         if int8:  # int8 columns, each its scale's 4 bytes after its values
             v = rng.integers(-127, 128, (B, kv, W, hd + 4)).astype(np.int8)
             scales = np.abs(rng.standard_normal((B, kv, W, 1))).astype(np.float32) * 0.02
             v[..., hd:] = scales.view(np.int8)
+        else:
+            v = rng.standard_normal((B, kv, W, hd)).astype(stored)
         return {
             "q": rng.standard_normal((B, S, heads * hd)).astype(np.float32),
             "keys": rng.standard_normal((B, kv, W, hd)).astype(stored),
@@ -176,7 +179,7 @@ def attention_figures(model: str) -> dict[str, float | str]:
     digest = hashlib.sha256()
     out: dict[str, float | str] = {}
     heads, kv = given["heads"], given["kv_heads"]
-    timed = session(heads, kv, hd)
+    timed = session(heads, kv, hd, given["softcap"], given["window"], given["scale"])
     shapes = {  # name: rows, positions, buffer width, first position, repeats
         "256-token prompt": (1, 256, 256, 0, 30),
         "114 after 256": (1, 114, 370, 256, 30),
@@ -196,7 +199,7 @@ def attention_figures(model: str) -> dict[str, float | str]:
         out[name] = statistics.median(times) * 1000
     odd = [(9, 3, 64, 30.0, 0), (14, 2, 64, 0.0, 0), (8, 2, 128, 0.0, 5), (6, 2, 48, 0.0, 0)]
     for heads, kv, hd, softcap, window in odd:  # bits only
-        checked = session(heads, kv, hd, softcap, window)
+        checked = session(heads, kv, hd, softcap, window, hd**-0.5)
         for B, S, W, start in [(1, 37, 60, 3), (2, 17, 40, 0), (3, 33, 33, 0)]:
             given_feeds = feeds(heads, kv, hd, B, S, W, start)
             given_feeds["positions"][-1, -3:] = [0, 0, W + 4]  # padding positions
