@@ -203,7 +203,8 @@ def fused_integer(attention: str = "ops", quantizer: str = "ops") -> Callable[[A
         weights = target.with_name(target.name + ".data")
         model = fused.build_fused_model(
             source.model,
-            integer=INTEGER_WEIGHT_BITS,
+            # GroupProduct's sums are exact for 8-bit weights on every CPU (VNNI or AVX2)
+            integer=8 if quantizer == "kernel" else INTEGER_WEIGHT_BITS,
             weights=weights,
             smoothing=Smoothing(peaks),
             outliers=INTEGER_OUTLIERS,
@@ -391,10 +392,11 @@ RECIPES: dict[str, Recipe] = {
             "fused-q8-kernel), reading the KV as stored (keys fp16, values int8 with a scale "
             "per token and head), and every product (QKV, o, "
             "gate/up, down, LM head) an integer product of weights and rows each scaled per 64 "
-            "input channels by our GroupProduct operator (VNNI), 16 outlier channels in fp32; "
-            + _FAMILIES,
+            "input channels by our GroupProduct operator (VNNI, or AVX2), 16 outlier channels "
+            "in fp32; " + _FAMILIES,
             params={
                 **_INT8_PARAMS,
+                "weight_bits": 8,
                 "attention": "kernel",
                 "quantizer": "kernel",
                 "weights": "int8, one scale per 64 input channels and output column",
@@ -413,25 +415,26 @@ RECIPES: dict[str, Recipe] = {
 # "auto" tries these in order (fastest first) and keeps the first whose fidelity holds.
 # fused-q8: the same weights as q8 in our fused graph, about 1.7-2x q8's batch-1 decode and 2.5x
 # at 16 concurrent; models the fused builder does not cover skip the fused recipes
-# (UnsupportedArchitecture) and get the Optimum recipes. Before it, where the CPU multiplies
-# int8 in one instruction (VNNI; AMX) and our operators can be had (a compiler and ONNX
-# Runtime's headers, `make kernel-deps`, or a library this machine built already),
-# fused-int8-kernel: on the bundled model 1.4x fused-q8's decode for one request, 2.5x for 16,
-# two thirds of its time to first token (`decode.py`, both in one run, December 2026), and more
-# faithful: top-1 98.1% / mean |dlogprob| 0.042 against 96.2% / 0.059, every product scaled per
-# 64 channels (benchmarks/README.md, "Every product scaled per 64 channels: GroupProduct").
-# Elsewhere (Binder has no compiler headers; AVX2-only CPUs get 7-bit integer weights) fused-q8
-# stays first.
+# (UnsupportedArchitecture) and get the Optimum recipes. Before it, wherever our operators can
+# be had (a compiler and ONNX Runtime's headers, `make kernel-deps`, or a library this machine
+# built already), fused-int8-kernel: on the bundled model, with VNNI, 1.4x fused-q8's decode for
+# one request, 2.5x for 16, two thirds of its time to first token (`decode.py`, both in one run,
+# December 2026); on AVX2 alone (GroupProduct's AVX2 code, measured with MLAS shown a CPU
+# without AVX-512: benchmarks/avx2_cpu.py, two runs) 1.50-1.56x for one request, 1.82-1.84x
+# for 16, 1.61-1.66x in scoring; and more faithful: with VNNI top-1 98.1% / mean |dlogprob|
+# 0.042 against 96.2% / 0.059, on AVX2 97.5% / 0.041 against 96.7% / 0.058, every product scaled
+# per 64 channels (benchmarks/README.md, "Every product scaled per 64 channels: GroupProduct",
+# "GroupProduct without VNNI"). Where the operators cannot be built (Binder's image has no ONNX
+# Runtime headers) fused-q8 stays first.
 _BASE_ORDER = ("fused-q8", "q8", "q8-fp32-head", "fp32")
 
 
-def auto_order(vnni: bool, operators: bool) -> tuple[str, ...]:
-    """What "auto" tries on a CPU with (or without) ``vnni`` where our ``operators`` can (or
-    cannot) be built."""
-    return ("fused-int8-kernel", *_BASE_ORDER) if vnni and operators else _BASE_ORDER
+def auto_order(operators: bool) -> tuple[str, ...]:
+    """What "auto" tries where our ``operators`` can (or cannot) be built."""
+    return ("fused-int8-kernel", *_BASE_ORDER) if operators else _BASE_ORDER
 
 
-AUTO_ORDER = auto_order(has_vnni(), kernels.buildable())
+AUTO_ORDER = auto_order(kernels.buildable())
 AUTO = "auto"
 # "analysis": logprobs as close to fp32 as this machine runs them, for people who study them.
 # 8-bit weights with fp32 activations (accuracy_level 0) measure 98.0% top-1 and |Δ logprob|

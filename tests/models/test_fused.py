@@ -361,12 +361,36 @@ def test_auto_falls_back_to_optimum_recipes(gelu_source, tmp_path, monkeypatch) 
 
 
 def test_auto_puts_the_operators_recipe_first_only_where_it_can_build() -> None:
+    """With VNNI or without (GroupProduct has AVX2 code): wherever the operators build."""
     from nbresponses.models.recipes import auto_order
 
-    assert auto_order(vnni=True, operators=True)[:2] == ("fused-int8-kernel", "fused-q8")
-    for vnni, operators in ((True, False), (False, True), (False, False)):
-        assert auto_order(vnni, operators)[0] == "fused-q8"
-        assert not any(name.endswith("-kernel") for name in auto_order(vnni, operators))
+    assert auto_order(operators=True)[:2] == ("fused-int8-kernel", "fused-q8")
+    assert auto_order(operators=False)[0] == "fused-q8"
+    assert not any(name.endswith("-kernel") for name in auto_order(operators=False))
+
+
+def test_the_operators_recipe_has_8_bit_weights_without_vnni_too(monkeypatch) -> None:
+    """The 7-bit weights that MLAS's AVX2 products need (fused-int8) are not GroupProduct's: its
+    sums are exact for 8-bit weights on every CPU, so a model prepared with or without VNNI is
+    the same model."""
+    from nbresponses.models import recipes
+
+    built: dict[str, object] = {}
+
+    def build(model, **kwargs):
+        built.update(kwargs)
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(recipes, "INTEGER_WEIGHT_BITS", 7)
+    monkeypatch.setattr(recipes, "activation_peaks", lambda *args, **kwargs: {})
+    monkeypatch.setattr(recipes, "fused_supported", lambda source: None)
+    monkeypatch.setattr(recipes.fused, "build_fused_model", build)
+    source = type("Source", (), {"model": None, "tokenizer": None, "tensors": None})()
+    for quantizer, bits in (("kernel", 8), ("ops", 7)):
+        with pytest.raises(RuntimeError, match="stop"):
+            recipes.fused_integer(attention="kernel", quantizer=quantizer)(source, Path("m"))
+        assert built["integer"] == bits, quantizer
+    assert recipes.RECIPES["fused-int8-kernel"].params["weight_bits"] == 8
 
 
 @pytest.mark.slow

@@ -4,7 +4,7 @@
 It promises: the product of the group-quantized rows and weights (checked against an
 independent float64 computation of the same quantization, and loosely against the plain fp32
 product), each row's output its own fixed chain (bit for bit alone and batched, at any number of
-rows), and the same bits from the VNNI code and the plain loop (the AVX2 build).
+rows), and the same bits from the VNNI code and the AVX2 code (the AVX2 build).
 """
 
 from __future__ import annotations
@@ -179,6 +179,30 @@ def test_a_row_is_the_same_bits_alone_batched_and_without_vnni(k, n, group) -> N
         assert np.array_equal(part, whole[:, start:stop])
     plain = _session(weight, peaks, group, ISAS["avx2"]).run(None, {"x": x})[0]
     assert np.array_equal(plain, whole)
+
+
+@pytest.mark.parametrize("isa", list(ISAS))
+def test_the_largest_sums_do_not_saturate(isa) -> None:
+    """Every weight and every row value at the int8 grid's edge (+-127 after quantization), with
+    signs that make each product +127 x 127 (or each one -127 x 127 in the other columns): the
+    AVX2 code multiplies bytes in pairs into int16 (2 x 127 x 127 = 32,258, just below its limit),
+    so a pair taken the wrong way round (an unsigned 255 by 127) would saturate. Exact sums, the
+    VNNI code's bits."""
+    _library(ISAS[isa])
+    k, n, group = 256, 48, 64
+    signs = np.where(np.arange(k) % 3 == 0, -1.0, 1.0).astype(np.float32)
+    weight = np.outer(signs, np.where(np.arange(n) % 2 == 0, 1.0, -1.0)).astype(np.float32)
+    weight *= np.float32(0.05)
+    apart = np.arange(16)  # the largest peaks: the first 16 channels
+    peaks = np.linspace(1.0, 0.5, k).astype(np.float32)
+    x = np.repeat(signs[None, None], 5, axis=1) * np.float32(3.0)  # 1 x 5 rows
+    x[0, 1] *= -1.0  # a row of the opposite signs: every product -127 x 127
+    got = _session(weight, peaks, group, ISAS[isa]).run(None, {"x": x})[0]
+    want = _reference(x, weight, apart, group)
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+    _library(ISAS["native"])
+    native = _session(weight, peaks, group).run(None, {"x": x})[0]
+    assert np.array_equal(got.view(np.uint32), native.view(np.uint32))
 
 
 def _halves_session(weight: np.ndarray, peaks: np.ndarray, group: int, flags=()):

@@ -18,8 +18,8 @@ Operators (``register.cc`` adds them to the domain):
   integer products' row quantization and outlier channels, one node each
   (``fused._IntegerGraph(quantizer="kernel")``);
 - ``GroupProduct`` (``group_product.cc``): an integer product with a scale per group of input
-  channels, weights and rows alike, in VNNI's vpdpbusd (``fused._IntegerGraph(grouped=...)``:
-  ``fused-int8-kernel``'s products);
+  channels, weights and rows alike, in VNNI's vpdpbusd, or AVX2's byte products without it
+  (``fused._IntegerGraph(grouped=...)``: ``fused-int8-kernel``'s products);
 - ``GatedSilu`` (``gated_silu.cc``): an MLP's silu(gate) * up in one node, the bits of ONNX
   Runtime's QuickGelu and Mul (the kernel recipes' Llama-style MLPs).
 
