@@ -243,7 +243,8 @@ def copy_fp32(source: Path, target: Path) -> None:
 
 
 # int8 weights where MLAS multiplies them with VNNI (or AMX); 7-bit ones where it uses AVX2's
-# vpmaddubsw, whose int16 pair sums would saturate with 8-bit weights (fused._IntegerGraph)
+# vpmaddubsw, whose int16 pair sums would saturate with 8-bit weights (fused._IntegerGraph).
+# fused-int8's; fused-int8-kernel's GroupProduct keeps 8-bit weights on every CPU.
 INTEGER_WEIGHT_BITS = 8 if has_vnni() else 7
 # input channels kept apart from the others (in fp32), by calibrated peak (fused._IntegerGraph;
 # bundled model: 8 -> 96.8% / 0.060, 16 -> 97.7% / 0.049, 32 -> 97.5% / 0.045, and each channel
