@@ -420,13 +420,13 @@ RECIPES: dict[str, Recipe] = {
 # be had (a compiler and ONNX Runtime's headers, `make kernel-deps`, or a library this machine
 # built already), fused-int8-kernel: on the bundled model, with VNNI, 1.4x fused-q8's decode for
 # one request, 2.5x for 16, two thirds of its time to first token (`decode.py`, both in one run,
-# December 2026); on AVX2 alone (GroupProduct's AVX2 code, measured with MLAS shown a CPU
-# without AVX-512: benchmarks/avx2_cpu.py, two runs) 1.50-1.56x for one request, 1.82-1.84x
-# for 16, 1.61-1.66x in scoring; and more faithful: with VNNI top-1 98.1% / mean |dlogprob|
-# 0.042 against 96.2% / 0.059, on AVX2 97.5% / 0.041 against 96.7% / 0.058, every product scaled
-# per 64 channels (benchmarks/README.md, "Every product scaled per 64 channels: GroupProduct",
-# "GroupProduct without VNNI"). Where the operators cannot be built (Binder's image has no ONNX
-# Runtime headers) fused-q8 stays first.
+# December 2026); without VNNI (GroupProduct's byte products; MLAS shown the older CPU by
+# benchmarks/cpu_without.py) 1.47x / 2.20x / 2.06x for one request / 16 / scoring on AVX-512,
+# 1.50-1.56x / 1.82-1.84x / 1.61-1.66x on AVX2; and more faithful: top-1 98.1% / mean |dlogprob|
+# 0.042 against 96.2% / 0.059 (on AVX2 97.5% / 0.041 against 96.7% / 0.058), every product
+# scaled per 64 channels (benchmarks/README.md, "Every product scaled per 64 channels:
+# GroupProduct", "GroupProduct without VNNI"). Where the operators cannot be built (Binder's
+# image has no ONNX Runtime headers) fused-q8 stays first.
 _BASE_ORDER = ("fused-q8", "q8", "q8-fp32-head", "fp32")
 
 

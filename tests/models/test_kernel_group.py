@@ -4,7 +4,8 @@
 It promises: the product of the group-quantized rows and weights (checked against an
 independent float64 computation of the same quantization, and loosely against the plain fp32
 product), each row's output its own fixed chain (bit for bit alone and batched, at any number of
-rows), and the same bits from the VNNI code and the AVX2 code (the AVX2 build).
+rows), and the same bits from the VNNI code and the byte products without it (AVX2's, and
+AVX-512's before VNNI).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from onnx import TensorProto, helper
 
 from nbresponses.models import fused, kernels
 
-ISAS = {"native": (), "avx2": ("-mno-avx512f",)}
+# the build for this CPU; AVX2's code; AVX-512's without VNNI (the AVX2 build where the CPU has
+# no AVX-512)
+ISAS = {"native": (), "avx2": ("-mno-avx512f",), "no-vnni": ("-mno-avx512vnni",)}
 
 
 def _library(flags: tuple[str, ...]) -> None:
@@ -166,6 +169,7 @@ def test_constant_weights_read_from_their_copy_give_the_inputs_bits() -> None:
 @pytest.mark.parametrize("k,n,group", SHAPES[:1] + SHAPES[2:3])
 def test_a_row_is_the_same_bits_alone_batched_and_without_vnni(k, n, group) -> None:
     _library(ISAS["avx2"])
+    _library(ISAS["no-vnni"])
     weight, peaks = _case(k, n, seed=2)
     apart = np.sort(np.argsort(-peaks, kind="stable")[:16])
     # over two blocks of rows, in the thread pool
@@ -177,8 +181,9 @@ def test_a_row_is_the_same_bits_alone_batched_and_without_vnni(k, n, group) -> N
     for start, stop in (*prompts, *steps):
         part = native.run(None, {"x": x[:, start:stop]})[0]
         assert np.array_equal(part, whole[:, start:stop])
-    plain = _session(weight, peaks, group, ISAS["avx2"]).run(None, {"x": x})[0]
-    assert np.array_equal(plain, whole)
+    for isa in ("avx2", "no-vnni"):
+        plain = _session(weight, peaks, group, ISAS[isa]).run(None, {"x": x})[0]
+        assert np.array_equal(plain, whole), isa
 
 
 @pytest.mark.parametrize("isa", list(ISAS))

@@ -317,9 +317,9 @@ void product(void* data, size_t index) {
 // vpmaddwd sums each column's two pairs into int32. A tile is R rows by one vector of 16
 // columns (two halves of 8), all of K; a block's row tiles in turn, so a vector's weights come
 // from memory once and from L1 for the rows after, the first prefetching the next vector's.
-// The bundled model's products at one row / 16 / 64 rows: 4.4-7.5 / 22-25 / 81-89 ms, where the
-// plain loop this replaced took 103 ms / 1.5 s / 6.1 s and VNNI takes ~5 / ~11 / ~32
-// (benchmarks/README.md, "GroupProduct without VNNI").
+// The bundled model's products at one row / 16 / 64 rows: 4.4-7.5 / 22-25 / 78-89 ms (AVX-512's
+// bytes below: 4.9-5.4 / 18-20 / 68-71), where the plain loop this replaced took 103 ms / 1.5 s
+// / 6.1 s and VNNI takes ~5 / ~11 / ~36 (benchmarks/README.md, "GroupProduct without VNNI").
 
 // 8 bfloat16 values widened to fp32, exactly
 inline __m256 widen8(const uint16_t* p) {
@@ -383,6 +383,73 @@ __attribute__((noinline)) void tile8(const Job& j, int64_t r0, int64_t v, const 
   }
 }
 
+#if defined(__AVX512BW__)
+// The same with AVX-512's 64 bytes (AVX-512 CPUs before VNNI): a vector of 16 columns in one
+// register. AVX-512 has no vpsignb: x is negated where w is negative (a masked subtraction from
+// zero; where w is 0 its |w| makes the product 0 anyway).
+inline __m512 widen16b(const uint16_t* p) {
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+}
+
+template <int R>
+__attribute__((noinline)) void tile64(const Job& j, int64_t r0, int64_t v, const uint8_t* next) {
+  const int64_t quads = j.K / 4, group_quads = j.group / 4;
+  const int8_t* x[R];
+  for (int r = 0; r < R; ++r) x[r] = j.q + (r0 + r) * j.K;
+  const uint8_t* w = j.weight + v * quads * 64;
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80)), zero = _mm512_setzero_si512();
+  const __m512i ones = _mm512_set1_epi16(1);
+  __m512 out[R];
+  for (int r = 0; r < R; ++r) out[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < j.groups; ++g) {
+    __m512i acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
+    for (int64_t t = g * group_quads; t < (g + 1) * group_quads; ++t) {
+      if (next != nullptr) _mm_prefetch(reinterpret_cast<const char*>(next + t * 64), _MM_HINT_T1);
+      const __m512i sw = _mm512_xor_si512(_mm512_loadu_si512(w + t * 64), flip);
+      const __m512i aw = _mm512_abs_epi8(sw);
+      const __mmask64 negative = _mm512_movepi8_mask(sw);
+      for (int r = 0; r < R; ++r) {
+        int32_t four;
+        std::memcpy(&four, x[r] + t * 4, 4);
+        const __m512i xb = _mm512_set1_epi32(four);
+        const __m512i sx = _mm512_mask_sub_epi8(xb, negative, zero, xb);
+        acc[r] = _mm512_add_epi32(acc[r], _mm512_madd_epi16(_mm512_maddubs_epi16(aw, sx), ones));
+      }
+    }
+    const __m512 ws = widen16b(j.scales + g * j.N16 + v * 16);
+    for (int r = 0; r < R; ++r) {
+      const __m512 s = _mm512_mul_ps(_mm512_set1_ps(j.row_scale[(r0 + r) * j.groups + g]), ws);
+      out[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), s, out[r]);
+    }
+  }
+  __m512 a[R];
+  for (int r = 0; r < R; ++r) a[r] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < j.n; ++k) {
+    const __m512 wv = widen16b(j.apart_weight + (v * j.n + k) * 16);
+    for (int r = 0; r < R; ++r)
+      a[r] = _mm512_fmadd_ps(_mm512_set1_ps(j.picked[(r0 + r) * j.n + k]), wv, a[r]);
+  }
+  for (int r = 0; r < R; ++r) {
+    int64_t left;
+    float* dst = j.at(r0 + r, v * 16, &left);
+    const __mmask16 lanes = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
+    _mm512_mask_storeu_ps(dst, lanes, _mm512_add_ps(out[r], a[r]));
+  }
+}
+#endif
+
+// R rows by one vector of 16 columns, in AVX-512's bytes where the build has them
+template <int R>
+inline void byte_tile(const Job& j, int64_t r0, int64_t v, const uint8_t* next) {
+#if defined(__AVX512BW__)
+  tile64<R>(j, r0, v, next);
+#else
+  tile8<R>(j, r0, v, next);
+#endif
+}
+
 void product(void* data, size_t index) {
   const auto& j = *static_cast<const Job*>(data);
   const int64_t rb = static_cast<int64_t>(index) / j.column_blocks;
@@ -396,10 +463,10 @@ void product(void* data, size_t index) {
     for (int64_t r0 = row_begin; r0 < row_end; r0 += kAvx2Rows) {
       const uint8_t* ahead = r0 == row_begin ? next : nullptr;
       switch (std::min<int64_t>(kAvx2Rows, row_end - r0)) {
-        case 1: tile8<1>(j, r0, v, ahead); break;
-        case 2: tile8<2>(j, r0, v, ahead); break;
-        case 3: tile8<3>(j, r0, v, ahead); break;
-        default: tile8<kAvx2Rows>(j, r0, v, ahead);
+        case 1: byte_tile<1>(j, r0, v, ahead); break;
+        case 2: byte_tile<2>(j, r0, v, ahead); break;
+        case 3: byte_tile<3>(j, r0, v, ahead); break;
+        default: byte_tile<kAvx2Rows>(j, r0, v, ahead);
       }
     }
   }

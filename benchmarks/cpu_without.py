@@ -1,16 +1,18 @@
-"""Run a benchmark script as if on a CPU without AVX-512: what an AVX2-only CPU runs.
+"""Run a benchmark script as if on an older CPU: without AVX-512 (an AVX2-only CPU), or with
+AVX-512 but without VNNI (Skylake's).
 
-Why: the recipes' peers dispatch at run time. MLAS (ONNX Runtime's kernels behind `fused-q8`)
-and numpy read CPUID and pick AVX-512 code where the CPU has it, so on an AVX-512 machine their
-AVX2 speed cannot be timed; and our operators choose at compile time (`-march=native`). Here
+Why: the recipes' peers dispatch at run time. MLAS (ONNX Runtime's kernels behind `fused-q8`),
+numpy and PyTorch read CPUID and pick their code from it, so on a newer CPU their speed on an
+older one cannot be timed; and our operators choose at compile time (`-march=native`). Here
 CPUID itself is made to fault (Linux `arch_prctl(ARCH_SET_CPUID, 0)`, on CPUs with the
-`cpuid_fault` flag) and a SIGSEGV handler answers it with leaf 7's AVX-512, VNNI and AVX-VNNI
-bits cleared, before ONNX Runtime or numpy is imported; our operators are built with
-`-mno-avx512f`. Not changed: code compiled for this CPU ahead of time (llama-cpp-python's
-library keeps its AVX-512), so its figures in such a run are not an AVX2 CPU's.
+`cpuid_fault` flag) and a SIGSEGV handler answers it with leaf 7's bits for the hidden features
+cleared (``avx512``: every AVX-512 bit, VNNI and AVX-VNNI; ``vnni``: AVX512-VNNI and AVX-VNNI),
+before those libraries are imported; our operators are built with `-mno-avx512f` or
+`-mno-avx512vnni`. Not changed: code compiled for this CPU ahead of time (llama-cpp-python's
+library keeps what it was built with), so its figures in such a run are not the older CPU's.
 
-    python benchmarks/avx2_cpu.py benchmarks/decode.py --recipes fused-int8-kernel fused-q8 ...
-    python benchmarks/avx2_cpu.py benchmarks/score.py --recipes fused-int8-kernel fused-q8 ...
+    python benchmarks/cpu_without.py avx512 benchmarks/decode.py --recipes fused-int8-kernel ...
+    python benchmarks/cpu_without.py vnni benchmarks/score.py --recipes fused-int8-kernel ...
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ _SOURCE = r"""
 #include <unistd.h>
 
 static int answered = 0;
+static int keep_avx512 = 0; /* 1: hide VNNI only */
 static long cpuid_faults(int on) { return syscall(SYS_arch_prctl, ARCH_SET_CPUID, !on); }
 
 static void on_segv(int sig, siginfo_t* info, void* context) {
@@ -50,19 +53,21 @@ static void on_segv(int sig, siginfo_t* info, void* context) {
   cpuid_faults(0);
   __asm__ volatile("cpuid" : "+a"(a), "=b"(b), "+c"(c), "=d"(d));
   cpuid_faults(1);
-  if (leaf == 7 && sub == 0) {  /* AVX-512 F, DQ, IFMA, PF, ER, CD, BW, VL; VBMI(2), VNNI, ... */
+  if (leaf == 7 && sub == 0 && keep_avx512) c &= ~(1u << 11); /* AVX512-VNNI */
+  if (leaf == 7 && sub == 0 && !keep_avx512) { /* AVX-512 F, DQ, IFMA, PF, ER, CD, BW, VL; ... */
     b &= ~((1u << 16) | (1u << 17) | (1u << 21) | (1u << 26) | (1u << 27) | (1u << 28) |
            (1u << 30) | (1u << 31));
     c &= ~((1u << 1) | (1u << 6) | (1u << 11) | (1u << 12) | (1u << 14));
     d &= ~((1u << 2) | (1u << 3) | (1u << 8) | (1u << 23));
   }
-  if (leaf == 7 && sub == 1) a &= ~((1u << 4) | (1u << 5)); /* AVX-VNNI, AVX512-BF16 */
+  if (leaf == 7 && sub == 1) a &= ~((1u << 4) | (keep_avx512 ? 0u : 1u << 5)); /* AVX-VNNI, BF16 */
   r[REG_RAX] = a, r[REG_RBX] = b, r[REG_RCX] = c, r[REG_RDX] = d;
   r[REG_RIP] += 2;
   ++answered;
 }
 
-int hide_avx512(void) {
+int hide(int vnni_only) {
+  keep_avx512 = vnni_only;
   struct sigaction action;
   memset(&action, 0, sizeof action);
   action.sa_sigaction = on_segv;
@@ -75,27 +80,32 @@ int answered_calls(void) { return answered; }
 """
 
 
-def hide_avx512(folder: Path) -> ctypes.CDLL:
-    """CPUID answered without AVX-512 from now on, in this process and the threads it starts."""
+# what each hidden feature leaves, for our operators' build
+FLAGS = {"avx512": "-mno-avx512f", "vnni": "-mno-avx512vnni"}
+
+
+def hide(feature: str, folder: Path) -> ctypes.CDLL:
+    """CPUID answered without ``feature`` from now on, in this process and its threads."""
     if "cpuid_fault" not in Path("/proc/cpuinfo").read_text():
         raise SystemExit("this CPU cannot make CPUID fault (no cpuid_fault flag)")
-    source, library = folder / "avx2_cpu.c", folder / "libavx2_cpu.so"
+    source, library = folder / "cpu_without.c", folder / "libcpu_without.so"
     source.write_text(_SOURCE)
     subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", library, source], check=True)
     loaded = ctypes.CDLL(str(library))
-    if loaded.hide_avx512() != 0:
+    if loaded.hide(int(feature == "vnni")) != 0:
         raise SystemExit("arch_prctl(ARCH_SET_CPUID) refused")
     return loaded
 
 
 def main() -> None:
-    if len(sys.argv) < 2:
+    if len(sys.argv) < 3 or sys.argv[1] not in FLAGS:
         raise SystemExit(__doc__)
-    with tempfile.TemporaryDirectory(prefix="avx2-cpu-") as tmp:
-        handler = hide_avx512(Path(tmp))
-        from nbresponses.models import kernels  # numpy: imported after the mask, AVX2 code
+    feature = sys.argv.pop(1)
+    with tempfile.TemporaryDirectory(prefix="cpu-without-") as tmp:
+        handler = hide(feature, Path(tmp))
+        from nbresponses.models import kernels  # numpy: imported after the mask
 
-        built = kernels.library(flags=("-mno-avx512f",))
+        built = kernels.library(flags=(FLAGS[feature],))
         kernels.library = lambda *args, **kwargs: built  # every session of this process
         script = Path(sys.argv[1])
         sys.argv = sys.argv[1:]
@@ -103,7 +113,7 @@ def main() -> None:
         try:
             runpy.run_path(str(script), run_name="__main__")
         finally:
-            print(f"CPUID answered without AVX-512 {handler.answered_calls()} times", flush=True)
+            print(f"CPUID answered without {feature} {handler.answered_calls()} times", flush=True)
 
 
 if __name__ == "__main__":
