@@ -15,7 +15,8 @@
 // in int32; each output element is one fixed chain, out = fma(float(sum_g), s_g * w_g, out) for
 // g = 0, 1, ... (s_g: the row's scale of group g, w_g: the column's), then the apart channels
 // as OutlierProduct adds them (acc = fma(picked[k], w[k], acc), then out + acc). The VNNI code
-// and the AVX2 code (builds without VNNI) compute the same bits, for any rows and threads.
+// and the byte products of builds without VNNI (AVX2's, AVX-512's) compute the same bits, for
+// any rows and threads.
 //
 // Inputs: x [..., K] float; apart [n] int64 (channels multiplied in fp32, left out of the
 // groups' scales); weight uint8 [N16 / 16, K / 4, 64]: the int8 weights plus 128 (vpdpbusd's
@@ -67,7 +68,7 @@ constexpr int64_t kRowBlock = 48;     // rows a work item takes (a prompt's run:
 constexpr int64_t kColumnBlock = 96;  // columns a work item takes (six vectors of 16)
 constexpr int64_t kRows = 4;          // rows a tile takes at most
 constexpr int64_t kStepTiles = 4;     // row tiles of a block that share out the next prefetch
-constexpr int kAvx2Rows = 4;          // rows an AVX2 tile takes at most (without VNNI)
+constexpr int kByteRows = 4;          // rows a tile of byte products takes (builds without VNNI)
 
 struct Job {
   const float* x;
@@ -94,14 +95,6 @@ struct Job {
     return second + row * (N - split) + column - split;
   }
 };
-
-// bfloat16 to fp32: exact (its bits are the top half of the fp32's)
-inline float widen(uint16_t b) {
-  const uint32_t bits = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
 
 // One row: per group, scale = max |x| over the group's channels not apart times 1/127, and
 // int8 = round(x / scale) (half to even) clamped to [-127, 127]; a group of zeros gets scale 0
@@ -460,13 +453,13 @@ void product(void* data, size_t index) {
   for (int64_t v = cb * (kColumnBlock / 16); v < v_end; ++v) {
     // the next vector's weights into L2 while the first row tile reads this one's
     const uint8_t* next = v + 1 < vectors ? j.weight + (v + 1) * quads * 64 : nullptr;
-    for (int64_t r0 = row_begin; r0 < row_end; r0 += kAvx2Rows) {
+    for (int64_t r0 = row_begin; r0 < row_end; r0 += kByteRows) {
       const uint8_t* ahead = r0 == row_begin ? next : nullptr;
-      switch (std::min<int64_t>(kAvx2Rows, row_end - r0)) {
+      switch (std::min<int64_t>(kByteRows, row_end - r0)) {
         case 1: byte_tile<1>(j, r0, v, ahead); break;
         case 2: byte_tile<2>(j, r0, v, ahead); break;
         case 3: byte_tile<3>(j, r0, v, ahead); break;
-        default: byte_tile<kAvx2Rows>(j, r0, v, ahead);
+        default: byte_tile<kByteRows>(j, r0, v, ahead);
       }
     }
   }
