@@ -203,8 +203,7 @@ def fused_integer(attention: str = "ops", quantizer: str = "ops") -> Callable[[A
         weights = target.with_name(target.name + ".data")
         model = fused.build_fused_model(
             source.model,
-            # GroupProduct's sums are exact for 8-bit weights on every CPU (VNNI or AVX2)
-            integer=8 if quantizer == "kernel" else INTEGER_WEIGHT_BITS,
+            integer=GROUPED_WEIGHT_BITS if quantizer == "kernel" else INTEGER_WEIGHT_BITS,
             weights=weights,
             smoothing=Smoothing(peaks),
             outliers=INTEGER_OUTLIERS,
@@ -246,6 +245,8 @@ def copy_fp32(source: Path, target: Path) -> None:
 # vpmaddubsw, whose int16 pair sums would saturate with 8-bit weights (fused._IntegerGraph).
 # fused-int8's; fused-int8-kernel's GroupProduct keeps 8-bit weights on every CPU.
 INTEGER_WEIGHT_BITS = 8 if has_vnni() else 7
+# GroupProduct's sums are exact for 8-bit weights on every CPU (VNNI or byte products)
+GROUPED_WEIGHT_BITS = 8
 # input channels kept apart from the others (in fp32), by calibrated peak (fused._IntegerGraph;
 # bundled model: 8 -> 96.8% / 0.060, 16 -> 97.7% / 0.049, 32 -> 97.5% / 0.045, and each channel
 # adds 4 bytes a weight row to every decode step)
@@ -397,7 +398,7 @@ RECIPES: dict[str, Recipe] = {
             "in fp32; " + _FAMILIES,
             params={
                 **_INT8_PARAMS,
-                "weight_bits": 8,
+                "weight_bits": GROUPED_WEIGHT_BITS,
                 "attention": "kernel",
                 "quantizer": "kernel",
                 "weights": "int8, one scale per 64 input channels and output column",

@@ -147,18 +147,20 @@ void quantize_row(void* data, size_t index) {
   for (int64_t i = 0; i < j.n; ++i) j.picked[row * j.n + i] = x[j.apart[i]];
 }
 
+#if defined(__AVX512F__)
+// 16 bfloat16 values widened to fp32, exactly
+inline __m512 widen16(const uint16_t* p) {
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+}
+#endif
+
 #if defined(__AVX512VNNI__) && defined(__AVX512F__)
 // acc += the dot products of 4 unsigned bytes of u and 4 signed bytes of s per lane, in place:
 // GCC's _mm512_dpbusd_epi32 copies the accumulator to a new register and back around every
 // instruction (and spilled a 4 x 4 tile's sums to the stack), which halved the throughput
 inline void dpbusd(__m512i& acc, __m512i u, __m512i s) {
   asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
-}
-
-// 16 bfloat16 values widened to fp32, exactly
-inline __m512 widen16(const uint16_t* p) {
-  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
 }
 
 // R rows x C vectors of 16 columns (rows r0.., column vectors v0..), whole (``next``: weights
@@ -380,10 +382,6 @@ __attribute__((noinline)) void tile8(const Job& j, int64_t r0, int64_t v, const 
 // The same with AVX-512's 64 bytes (AVX-512 CPUs before VNNI): a vector of 16 columns in one
 // register. AVX-512 has no vpsignb: x is negated where w is negative (a masked subtraction from
 // zero; where w is 0 its |w| makes the product 0 anyway).
-inline __m512 widen16b(const uint16_t* p) {
-  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
-}
 
 template <int R>
 __attribute__((noinline)) void tile64(const Job& j, int64_t r0, int64_t v, const uint8_t* next) {
@@ -411,7 +409,7 @@ __attribute__((noinline)) void tile64(const Job& j, int64_t r0, int64_t v, const
         acc[r] = _mm512_add_epi32(acc[r], _mm512_madd_epi16(_mm512_maddubs_epi16(aw, sx), ones));
       }
     }
-    const __m512 ws = widen16b(j.scales + g * j.N16 + v * 16);
+    const __m512 ws = widen16(j.scales + g * j.N16 + v * 16);
     for (int r = 0; r < R; ++r) {
       const __m512 s = _mm512_mul_ps(_mm512_set1_ps(j.row_scale[(r0 + r) * j.groups + g]), ws);
       out[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), s, out[r]);
@@ -420,7 +418,7 @@ __attribute__((noinline)) void tile64(const Job& j, int64_t r0, int64_t v, const
   __m512 a[R];
   for (int r = 0; r < R; ++r) a[r] = _mm512_setzero_ps();
   for (int64_t k = 0; k < j.n; ++k) {
-    const __m512 wv = widen16b(j.apart_weight + (v * j.n + k) * 16);
+    const __m512 wv = widen16(j.apart_weight + (v * j.n + k) * 16);
     for (int r = 0; r < R; ++r)
       a[r] = _mm512_fmadd_ps(_mm512_set1_ps(j.picked[(r0 + r) * j.n + k]), wv, a[r]);
   }
